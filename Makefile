@@ -1,0 +1,36 @@
+# numbaopt: `make demo` runs the main example, `make test` the test suite. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast test-cudasim bench bench-compare bench-quick docs clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev,progress]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+bench: $(STAMP)
+	cd asv_benchmarks && ../$(BIN)/asv run --quick --python=same --show-stderr --environment existing:../$(BIN)/python
+
+bench-compare: $(STAMP)
+	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/compare.py
+
+docs: $(STAMP)
+	$(BIN)/python -m numbaopt.docs > docs/rules.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

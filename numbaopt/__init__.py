@@ -1,0 +1,19 @@
+"""numbaopt: gradient-based optimisers written once as scalar rules, compiled and fused with Numba.
+
+>>> import numpy as np, numbaopt as no
+>>> x = np.ones(4, dtype=np.float32)
+>>> state = no.setup(no.Adam(lr=0.1), x)
+>>> state, x = no.update_(state, x, np.ones(4, dtype=np.float32))
+"""
+from .rule import Rule, hyper, option, state
+from .chain import Chain, chain
+from .rules import *  # noqa: F401,F403
+from .rules import __all__ as _rules_all
+from .state import Leaf
+from .api import setup, update, update_, adjust, adjust_, jit_step, JitStep
+from .backends.cpu import set_parallel_threshold, parallel_threshold
+
+__version__ = "0.1.0"
+__all__ = ["Rule", "hyper", "option", "state", "Chain", "chain", "Leaf", "setup", "update", "update_",
+           "adjust", "adjust_", "jit_step", "JitStep", "set_parallel_threshold", "parallel_threshold",
+           *_rules_all]

@@ -1,0 +1,28 @@
+"""A Numba intrinsic turning an integer address into a typed pointer (for ``numba.carray``).
+
+The multi-leaf kernels receive the data addresses of many arrays in one int64 array, so that one
+compiled call updates every leaf without building a typed list per step.
+"""
+from numba import types
+from numba.core import errors
+from numba.extending import intrinsic
+
+
+@intrinsic
+def as_pointer(typingctx, addr, dtype):
+    """``as_pointer(address: int64, np.float32) -> float32*`` inside ``@njit`` code."""
+    if isinstance(dtype, types.NumberClass):
+        elem = dtype.instance_type
+    elif isinstance(dtype, types.DType):
+        elem = dtype.dtype
+    else:
+        raise errors.TypingError(f"as_pointer: expected a NumPy scalar type, got {dtype}")
+    if not isinstance(addr, types.Integer):
+        raise errors.TypingError(f"as_pointer: address must be an integer, got {addr}")
+
+    sig = types.CPointer(elem)(addr, dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(elem)))
+
+    return sig, codegen

@@ -1,0 +1,1 @@
+"""Execution backends: ``cpu`` (Numba njit kernels) and ``cuda`` (Numba CUDA kernels, optional)."""

@@ -1,0 +1,315 @@
+"""The rule definition mechanism.
+
+A rule is declared once, as a class:
+
+* hyperparameters: ``lr = hyper(1e-3, low=0)`` -- runtime scalars with validated domains;
+* compile-time options: ``centred = option(False)`` -- they select code paths and state;
+* per-element state: ``m = state(0.0)``; ``v = state(0.0, real=True)`` for a second moment that stays
+  real for complex parameters; ``when="centred"`` allocates it only when that option is set;
+* optionally ``prepare(t, <hyper names>)`` -> a tuple of per-step scalars named by ``scalars``
+  (bias corrections), computed once per step in float64;
+* optionally a reduction (``reduce``/``reduce_ops``/``finish``/``finals``) run over the whole array
+  (or the whole tree, with ``scope = "tree"``) before the elementwise pass;
+* ONE scalar function ``step(g, x, <state>, <hyper/option/scalar names>) -> (d, <new state>)``.
+
+Every kernel (in-place, out-of-place, threaded, multi-leaf, CUDA, the step callable from a user's
+``@njit`` code) is generated from ``step`` by :mod:`numbaopt.codegen`. The step and helper bodies may
+use the names listed in :data:`STEP_NAMESPACE` and nothing else from their module.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import math
+import textwrap
+
+__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE"]
+
+#: Names a ``step``/``reduce`` body may use besides its own arguments (defined in the generated
+#: module's prelude; see ``codegen.PRELUDE``).
+STEP_NAMESPACE = frozenset({
+    "sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "isfinite", "hypot", "exp", "log",
+    "min", "max", "abs", "math", "np", "True", "False", "None", "float", "INF",
+})
+
+
+class hyper:
+    """A runtime scalar hyperparameter with a default and a validated domain.
+
+    ``low``/``high`` bound it; ``low_open``/``high_open`` make the bound strict. The value is passed
+    to the kernels at run time, so changing it never recompiles.
+    """
+
+    __slots__ = ("default", "low", "high", "low_open", "high_open", "doc", "name")
+
+    def __init__(self, default, low=None, high=None, low_open=False, high_open=False, doc=""):
+        self.default = default
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        self.doc = doc
+        self.name = None
+
+    def domain(self) -> str:
+        lo = "-inf" if self.low is None else repr(self.low)
+        hi = "inf" if self.high is None else repr(self.high)
+        left = "(" if (self.low is None or self.low_open) else "["
+        right = ")" if (self.high is None or self.high_open) else "]"
+        return f"{left}{lo}, {hi}{right}"
+
+    def check(self, owner: str, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_np_real(value):
+            raise TypeError(f"{owner}: hyperparameter {self.name} must be a real number, got {value!r}")
+        v = float(value)
+        if math.isnan(v):
+            raise ValueError(f"{owner}: hyperparameter {self.name} is NaN; expected a number in {self.domain()}")
+        ok = True
+        if self.low is not None:
+            ok &= v > self.low if self.low_open else v >= self.low
+        if self.high is not None:
+            ok &= v < self.high if self.high_open else v <= self.high
+        if not ok:
+            raise ValueError(f"{owner}: hyperparameter {self.name}={value!r} is outside {self.domain()}")
+        return v
+
+
+def _is_np_real(value) -> bool:
+    import numpy as np
+    return isinstance(value, (np.floating, np.integer))
+
+
+class option:
+    """A compile-time option (e.g. ``centred``): selects code and state; a new value compiles a new kernel."""
+
+    __slots__ = ("default", "choices", "doc", "name")
+
+    def __init__(self, default, choices=(False, True), doc=""):
+        self.default, self.choices, self.doc = default, tuple(choices), doc
+        self.name = None
+
+    def check(self, owner: str, value):
+        for c in self.choices:
+            if value == c and type(value) in (type(c), int, float) and not (
+                    isinstance(c, bool) != isinstance(value, bool)):
+                return c
+        raise ValueError(f"{owner}: option {self.name}={value!r}; expected one of {self.choices}")
+
+
+class state:
+    """Per-element state of a rule, with its initial value.
+
+    ``init`` is a number or the name of a hyperparameter (e.g. Rprop's per-element step starts at lr).
+    ``real=True`` keeps the array real for complex parameters (second moments of ``|g|^2``).
+    ``when`` names a boolean option that must be set for the state to exist.
+    """
+
+    __slots__ = ("init", "real", "when", "name")
+
+    def __init__(self, init=0.0, real=False, when=None):
+        self.init, self.real, self.when = init, real, when
+        self.name = None
+
+
+class _RuleMeta(type):
+    def __repr__(cls):
+        return f"<rule {cls.__name__}>"
+
+
+class Rule(metaclass=_RuleMeta):
+    """Base class of every update rule (built in or user defined).
+
+    Subclasses declare ``hyper``/``option``/``state`` attributes and a static ``step``; see the module
+    docstring and ``docs/custom_rules.md``. Instances are immutable: use :meth:`replace` (or
+    :func:`numbaopt.adjust` on a state) for new hyperparameters.
+    """
+
+    #: names of the per-step scalars returned by ``prepare`` (in order)
+    scalars: tuple = ()
+    #: reductions: ``reduce(g, x, <hyper/option names>) -> contribution(s)``; ops "sum" or "max"
+    reduce_ops: tuple = ()
+    #: names of the scalars ``finish`` returns; ``scope`` "leaf" (per array) or "tree" (global)
+    finals: tuple = ()
+    scope: str = "leaf"
+    #: whether complex parameters are supported (rules using sign/ordering of g are real-only)
+    supports_complex: bool = True
+    #: in a correspondence table: how torch.optim / optax spell the same rule
+    torch: str = ""
+    optax: str = ""
+
+    _hypers: dict = {}
+    _options: dict = {}
+    _states: dict = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        hypers, options, states = dict(getattr(cls, "_hypers", {})), dict(getattr(cls, "_options", {})), \
+            dict(getattr(cls, "_states", {}))
+        for name, val in list(vars(cls).items()):
+            if isinstance(val, hyper):
+                val.name = name
+                hypers[name] = val
+            elif isinstance(val, option):
+                val.name = name
+                options[name] = val
+            elif isinstance(val, state):
+                val.name = name
+                states[name] = val
+        cls._hypers, cls._options, cls._states = hypers, options, states
+        if "step" in vars(cls):
+            _check_step(cls)
+
+    def __init__(self, *args, **kwargs):
+        names = list(self._hypers) + list(self._options)
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional arguments")
+        for n, a in zip(names, args):
+            if n in kwargs:
+                raise TypeError(f"{type(self).__name__}: {n} given twice")
+            kwargs[n] = a
+        unknown = set(kwargs) - set(names)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
+                             f"valid: {names}")
+        owner = type(self).__name__
+        values = {}
+        from .schedules import Schedule
+        for n, h in self._hypers.items():
+            v = kwargs.get(n, h.default)
+            if isinstance(v, Schedule):
+                h.check(owner, v(1))  # validated at its first value; every value is validated on use
+                values[n] = v
+            else:
+                values[n] = h.check(owner, v)
+        for n, o in self._options.items():
+            values[n] = o.check(owner, kwargs.get(n, o.default))
+        object.__setattr__(self, "_values", values)
+        self.validate()
+
+    def validate(self):
+        """Hook for cross-hyperparameter checks (raise ValueError)."""
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace({name}=...) or numbaopt.adjust")
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), dict(self._values)))
+
+    def replace(self, **kw) -> "Rule":
+        """A copy with some hyperparameters/options changed (unknown names are a ValueError)."""
+        vals = dict(self._values)
+        unknown = set(kw) - set(vals)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
+                             f"valid: {list(vals)}")
+        vals.update(kw)
+        return type(self)(**vals)
+
+    # -- introspection used by the generator and the engine -------------------------------------
+    @property
+    def rules(self) -> tuple:
+        """The primitive rules of this rule (itself; a chain lists its members)."""
+        return (self,)
+
+    def active_states(self) -> tuple:
+        """The state declarations present for this instance's options, in order."""
+        return tuple(s for s in self._states.values() if s.when is None or self._values[s.when])
+
+    def hyper_values(self) -> dict:
+        return {n: self._values[n] for n in self._hypers}
+
+    def option_values(self) -> dict:
+        return {n: self._values[n] for n in self._options}
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._values == other._values
+
+    def __hash__(self):
+        return hash((type(self), tuple(sorted((k, repr(v)) for k, v in self._values.items()))))
+
+    def __repr__(self):
+        parts = []
+        for n, v in self._values.items():
+            parts.append(f"{n}={v!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    @classmethod
+    def source_fingerprint(cls) -> str:
+        """A hash of every function that generated code copies from this rule."""
+        h = hashlib.sha256(cls.__qualname__.encode())
+        for fname in ("step", "prepare", "reduce", "finish"):
+            f = cls.__dict__.get(fname)
+            if f is None:
+                for base in cls.__mro__[1:]:
+                    if fname in base.__dict__:
+                        f = base.__dict__[fname]
+                        break
+            if f is not None and not (fname == "prepare" and f is Rule.__dict__.get("prepare")):
+                h.update(function_source(f).encode())
+        return h.hexdigest()[:16]
+
+
+def _rebuild(cls, values):
+    return cls(**values)
+
+
+def function_source(f) -> str:
+    """Dedented source of a (static) method, without decorators."""
+    f = getattr(f, "__func__", f)
+    src = textwrap.dedent(inspect.getsource(f))
+    tree = ast.parse(src)
+    fn = tree.body[0]
+    fn.decorator_list = []
+    return ast.unparse(fn)
+
+
+def step_args(f) -> list:
+    f = getattr(f, "__func__", f)
+    return list(inspect.signature(f).parameters)
+
+
+def _free_names(f) -> set:
+    fn = ast.parse(function_source(f)).body[0]
+    args = {a.arg for a in fn.args.args}
+    assigned, used = set(), set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name):
+            (assigned if isinstance(node.ctx, ast.Store) else used).add(node.id)
+    return used - assigned - args
+
+
+def _check_step(cls):
+    """Fail at class creation (not at first compile) when a definition is malformed."""
+    known = set(cls._hypers) | set(cls._options) | set(cls.scalars) | set(cls.finals)
+    for fname in ("step", "reduce"):
+        f = cls.__dict__.get(fname)
+        if f is None:
+            continue
+        if not isinstance(f, staticmethod):
+            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
+        args = step_args(f)
+        if fname == "step":
+            if args[:2] != ["g", "x"]:
+                raise TypeError(f"{cls.__name__}.step must start with (g, x, ...), got {args}")
+            st = list(cls._states)
+            if args[2:2 + len(st)] != st:
+                raise TypeError(f"{cls.__name__}.step: after (g, x) come the states {st} in order; got {args}")
+            rest = args[2 + len(st):]
+        else:
+            if args[:2] != ["g", "x"]:
+                raise TypeError(f"{cls.__name__}.reduce must start with (g, x, ...), got {args}")
+            rest = args[2:]
+        bad = [a for a in rest if a not in known]
+        if bad:
+            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
+                            f"expected names among {sorted(known)}")
+        free = _free_names(f) - STEP_NAMESPACE
+        if free:
+            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
+                            f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
+    if cls.__dict__.get("reduce") is not None and not cls.reduce_ops:
+        raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
