@@ -9,11 +9,18 @@ from .rule import Rule, hyper, option, state
 from .chain import Chain, chain
 from .rules import *  # noqa: F401,F403
 from .rules import __all__ as _rules_all
-from .state import Leaf
+from .leaf import Leaf
 from .api import setup, update, update_, adjust, adjust_, jit_step, JitStep
 from .backends.cpu import set_parallel_threshold, parallel_threshold
 
+# Each feature module defines __all__; its public names are re-exported here (one line per module).
+# [trees]
+# [catalog]
+# [loops]
+# [cuda]
+
 __version__ = "0.1.0"
-__all__ = ["Rule", "hyper", "option", "state", "Chain", "chain", "Leaf", "setup", "update", "update_",
-           "adjust", "adjust_", "jit_step", "JitStep", "set_parallel_threshold", "parallel_threshold",
-           *_rules_all]
+import types as _types
+
+__all__ = sorted(n for n, v in globals().items()
+                 if not n.startswith("_") and not isinstance(v, _types.ModuleType))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import cpu
-from .state import Leaf, as_rule, check_param_dtype
+from .leaf import Leaf, as_rule, check_param_dtype
 
 __all__ = ["setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep"]
 
