@@ -172,7 +172,8 @@ class JitStep:
     """A rule's step for use inside a user's ``@njit`` code.
 
     ``step(x, g, state, hp, t)`` updates the 1-D contiguous arrays ``x`` and ``state`` in place for step
-    number ``t`` (1, 2, ...) and returns a status (0 = stepped). ``hp`` is a float64 array of
+    number ``t`` (1, 2, ...) and returns a status (0 = stepped). ``hp`` is an array (float32 for float32
+    parameters, else float64) of
     hyperparameters (``hyper_index(name)`` says where each lives, so a loop can change them, e.g.
     from a schedule); ``state`` is a tuple of arrays created here on the host.
     """

@@ -15,7 +15,8 @@ every later process; a changed definition produces another file. The CUDA backen
 :func:`chain_layout` and :func:`element_lines` to wrap the same fused element body in a ``@cuda.jit``
 kernel.
 
-Calling conventions (``S`` = the chain's state arrays, ``hp`` = float64 hyperparameters):
+Calling conventions (``S`` = the chain's state arrays, ``hp`` = hyperparameters in the parameters'
+real precision, ``t`` = the number of the step being taken, from 1):
 
 * ``inplace(x, g, *S, hp, t) -> status`` (1-D contiguous arrays, written in place)
 * ``outplace(x, g, *S, hp, t, xo, *So) -> status`` (reads inputs, writes the ``o`` arrays)
@@ -220,8 +221,10 @@ class ChainLayout:
         self.n_state = len(self.state_decls)
         self.reducers = [i for i, r in enumerate(self.rules) if getattr(type(r), "reduce", None) is not None]
 
-    def hyper_vector(self, t: int = 1) -> np.ndarray:
-        hp = np.empty(max(self.n_hyper, 1), dtype=np.float64)
+    def hyper_vector(self, t: int = 1, dtype=np.float64) -> np.ndarray:
+        """Hyperparameters at step t, stored in the real precision of the parameters (so a float32
+        kernel contains no float64 arithmetic at all)."""
+        hp = np.empty(max(self.n_hyper, 1), dtype=real_dtype(dtype))
         self.fill_hyper(hp, t)
         return hp
 
@@ -305,11 +308,11 @@ def _load_lines(layout: ChainLayout, indent: str, tvar: str, hpvar: str = "hp"):
             args = []
             for n in step_args(f)[1:]:
                 if n in rule._hypers:
-                    args.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]")
+                    args.append(f"h{r_i}_{n}")
                 else:
                     args.append(_opt_literal(rule._values[n]))
             names = [f"q{r_i}_{n}" for n in cls.scalars]
-            lines.append(f"{indent}{', '.join(names)}, = prepare_{r_i}({tvar}, {', '.join(args)})")
+            lines.append(f"{indent}{', '.join(names)}, = prepare_{r_i}(_R({tvar}), {', '.join(args)})")
             for n in cls.scalars:
                 lines.append(f"{indent}p{r_i}_{n} = _R(q{r_i}_{n})")
     return lines
@@ -477,7 +480,8 @@ def generate_source(rules, dtype) -> str:
            PRELUDE_COMPLEX if dtype.kind == "c" else PRELUDE_REAL]
     for r_i, r in enumerate(rules):
         cls = type(r)
-        for fname, literals in (("step", True), ("reduce", True), ("prepare", False), ("finish", False)):
+        # finish works on the float64 totals of a reduction; everything else in the compute precision
+        for fname, literals in (("step", True), ("reduce", True), ("prepare", True), ("finish", False)):
             f = getattr(cls, fname, None)
             if f is None or (fname == "prepare" and not cls.scalars):
                 continue

@@ -42,7 +42,7 @@ class Leaf:
     """Optimiser state of one parameter array.
 
     Attributes: ``rule``, ``t`` (steps taken), ``shape``, ``dtype``, ``arrays`` (the per-element state,
-    flat, in kernel order) and ``hp`` (current hyperparameters, float64). ``leaf.state`` maps state
+    flat, in kernel order) and ``hp`` (current hyperparameters, in the parameters' real precision). ``leaf.state`` maps state
     names to arrays shaped like the parameter (views).
     """
 
@@ -62,7 +62,7 @@ class Leaf:
         self.skipped = int(skipped)
         from .schedules import Schedule
         self.scheduled = any(isinstance(r._values[n], Schedule) for r in members for n in r._hypers)
-        self.hp = self.layout.hyper_vector(self.t + 1) if hp is None else hp
+        self.hp = self.layout.hyper_vector(self.t + 1, self.dtype) if hp is None else hp
         size = int(np.prod(self.shape, dtype=np.int64))
         if arrays is None:
             arrays = []
@@ -120,7 +120,7 @@ class Leaf:
         new.layout = codegen.ChainLayout(rule.rules)
         from .schedules import Schedule
         new.scheduled = any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
-        new.hp = new.layout.hyper_vector(self.t + 1)
+        new.hp = new.layout.hyper_vector(self.t + 1, self.dtype)
         return new
 
     def adjusted_rule(self, hyper: dict):
