@@ -49,6 +49,10 @@ class hyper:
         self.doc = doc
         self.name = None
 
+    def __get__(self, obj, cls=None):
+        # on an instance, the attribute is the value: Adam(lr=0.1).lr == 0.1
+        return self if obj is None else obj.__dict__["_values"][self.name]
+
     def domain(self) -> str:
         lo = "-inf" if self.low is None else repr(self.low)
         hi = "inf" if self.high is None else repr(self.high)
@@ -85,6 +89,10 @@ class option:
     def __init__(self, default, choices=(False, True), doc=""):
         self.default, self.choices, self.doc = default, tuple(choices), doc
         self.name = None
+
+    def __get__(self, obj, cls=None):
+        # on an instance, the attribute is the value: Adam(lr=0.1).lr == 0.1
+        return self if obj is None else obj.__dict__["_values"][self.name]
 
     def check(self, owner: str, value):
         for c in self.choices:
@@ -313,3 +321,24 @@ def _check_step(cls):
                             f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
     if cls.__dict__.get("reduce") is not None and not cls.reduce_ops:
         raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
+    hyper_like = set(cls._hypers) | set(cls._options)
+    for fname, lead in (("prepare", 1), ("finish", None)):
+        f = cls.__dict__.get(fname)
+        if f is None:
+            continue
+        if not isinstance(f, staticmethod):
+            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
+        args = step_args(f)
+        if fname == "prepare":
+            if not args or args[0] != "t":
+                raise TypeError(f"{cls.__name__}.prepare must start with t, got {args}")
+            if not cls.scalars:
+                raise TypeError(f"{cls.__name__} defines prepare but does not name its results in `scalars`")
+        n_lead = lead if lead is not None else (len(cls.reduce_ops) if not callable(cls.reduce_ops) else 0)
+        bad = [a for a in args[n_lead:] if a not in hyper_like and not (lead is None and callable(cls.reduce_ops))]
+        if bad:
+            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; expected hyperparameter or "
+                            f"option names among {sorted(hyper_like)}")
+        free = _free_names(f) - STEP_NAMESPACE
+        if free:
+            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")
