@@ -489,8 +489,9 @@ def generate_source(rules, dtype) -> str:
             out += ["", "@njit(inline=\"always\", **_NJ)", src]
             if fname == "reduce":
                 single = _reduce_returns_scalar(f)
-                out += ["", "@njit(inline=\"always\", **_NJ)", f"def reduce_t_{r_i}(*a):",
-                        f"    return (reduce_{r_i}(*a),)" if single else f"    return reduce_{r_i}(*a)"]
+                a = ", ".join(step_args(f))  # explicit names: Numba cannot inline a call with *args
+                out += ["", "@njit(inline=\"always\", **_NJ)", f"def reduce_t_{r_i}({a}):",
+                        f"    return (reduce_{r_i}({a}),)" if single else f"    return reduce_{r_i}({a})"]
     body = []
     body += _single_kernel(layout, "inplace", False, False) + [""]
     body += _single_kernel(layout, "outplace", False, True) + [""]
