@@ -14,9 +14,9 @@ from .api import setup, update, update_, adjust, adjust_, jit_step, JitStep
 from .backends.cpu import set_parallel_threshold, parallel_threshold
 
 # Each feature module defines __all__; its public names are re-exported here (one line per module).
-# [trees]
+from .tree import *  # [trees]
 # [catalog]
-# [loops]
+from .loops import *  # [loops]
 # [cuda]
 
 __version__ = "0.1.0"

@@ -1,0 +1,177 @@
+"""The writeability trait: which leaves of a model are parameters, and which may be written in place.
+
+:func:`param_info` is a :func:`functools.singledispatch` function: ``param_info(x)`` returns a
+:class:`ParamInfo` for a parameter leaf, or ``None`` for anything that is carried through unchanged
+(integer/boolean arrays, strings, ``None``, functions, other objects). Built in:
+
+* ``np.ndarray`` of a floating or complex dtype: written in place when ``x.flags.writeable``; a
+  read-only array is immutable (the step returns a new, also read-only, array);
+* Python ``float``/``complex`` and NumPy floating scalars: immutable scalars (a new scalar is returned);
+* ``torch.Tensor`` on the CPU (only when torch is already imported by the user; torch is never
+  imported here): written in place through the memory it shares with ``tensor.numpy()``;
+* any other object with ``__array__`` (a JAX array, ...): immutable, the step returns a NumPy array;
+* device arrays (``__cuda_array_interface__``, Numba device arrays): a ``TypeError`` until a CUDA
+  backend registers a handler for their type (``param_info.register``).
+
+Register your own array type::
+
+    @numbaopt.param_info.register(MyArray)
+    def _(x):
+        return numbaopt.ParamInfo(dtype=x.dtype, shape=x.shape, writeable=True,
+                                  to_array=lambda x: x.as_numpy_view())
+"""
+from __future__ import annotations
+
+import functools
+import numbers
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["ParamInfo", "param_info"]
+
+
+def _same(x):
+    return x
+
+
+def _new_readonly(a, old):
+    a.flags.writeable = False
+    return a
+
+
+def _new_array(a, old):
+    return a
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """What the tree engine needs to know about one parameter leaf.
+
+    ``dtype``/``shape``: of the parameter. ``writeable``: whether ``to_array(x)`` is a writeable NumPy
+    view sharing memory with ``x`` (then the leaf is updated in place and keeps its identity); otherwise
+    the leaf is immutable and ``from_array(new_values, x)`` builds the new leaf. ``kind`` names the
+    leaf type in messages and printing. ``backend`` is ``"cpu"`` for host memory; another value marks a
+    leaf that a backend other than the CPU one must update.
+    """
+
+    dtype: np.dtype
+    shape: tuple
+    writeable: bool
+    to_array: Callable = _same
+    from_array: Callable = _new_array
+    kind: str = "array"
+    backend: str = "cpu"
+    tieable: bool = field(default=True)
+
+
+@functools.singledispatch
+def param_info(x):
+    """``ParamInfo`` for a parameter leaf, ``None`` for a leaf carried through unchanged.
+
+    Extend it for your own array types with ``param_info.register(Type)``.
+    """
+    if hasattr(x, "__cuda_array_interface__") or _is_device_array(x):
+        raise TypeError(f"a device array ({type(x).__module__}.{type(x).__qualname__}) is not updated by the "
+                        "CPU tree engine; the CUDA backend handles device arrays "
+                        "(pip install numbaopt[cuda], then import numbaopt.cuda)")
+    if _is_torch_tensor(x):
+        _register_torch(type(x))
+        return param_info(x)
+    if hasattr(x, "__array__") and not isinstance(x, (str, bytes)):
+        try:
+            a = np.asarray(x)
+        except Exception:
+            return None
+        if a.dtype.kind not in "fc":
+            return None
+        return ParamInfo(dtype=a.dtype, shape=a.shape, writeable=False, to_array=np.asarray,
+                         from_array=_new_array, kind=type(x).__name__, tieable=True)
+    return None
+
+
+def _is_device_array(x) -> bool:
+    t = type(x)
+    # numba's DeviceNDArray (real GPU) and the simulator's FakeCUDAArray (which has no
+    # __cuda_array_interface__), recognised by name so numba.cuda is never imported here
+    return (t.__module__ or "").startswith("numba.cuda") and t.__name__ in (
+        "DeviceNDArray", "FakeCUDAArray", "MappedNDArray", "ManagedNDArray")
+
+
+def _is_torch_tensor(x) -> bool:
+    for t in type(x).__mro__:
+        if t.__name__ == "Tensor" and (t.__module__ or "").startswith("torch"):
+            return True
+    return False
+
+
+@param_info.register(np.ndarray)
+def _(x):
+    if x.dtype.kind not in "fc":
+        return None
+    if x.flags.writeable:
+        return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=True, kind="array")
+    return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=False, from_array=_new_readonly,
+                     kind="read-only array")
+
+
+def _scalar_info(x, dtype):
+    return ParamInfo(dtype=np.dtype(dtype), shape=(), writeable=False, to_array=np.asarray,
+                     from_array=lambda a, old: type(old)(a[()].item() if type(old) in (float, complex)
+                                                         else a[()]),
+                     kind=type(x).__name__, tieable=False)
+
+
+@param_info.register(float)
+def _(x):
+    return _scalar_info(x, np.float64)
+
+
+@param_info.register(complex)
+def _(x):
+    return _scalar_info(x, np.complex128)
+
+
+@param_info.register(np.floating)
+def _(x):
+    return _scalar_info(x, x.dtype)
+
+
+@param_info.register(np.complexfloating)
+def _(x):
+    return _scalar_info(x, x.dtype)
+
+
+@param_info.register(numbers.Integral)
+def _(x):
+    return None
+
+
+@param_info.register(str)
+@param_info.register(bytes)
+@param_info.register(type(None))
+def _(x):
+    return None
+
+
+_torch_done = set()
+
+
+def _register_torch(cls):
+    """Register torch tensors lazily (by type name), so torch is never imported by numbaopt."""
+    if cls in _torch_done:
+        return
+    _torch_done.add(cls)
+
+    def _torch(x):
+        if x.device.type != "cpu":
+            raise TypeError(f"a torch tensor on {x.device} is not updated by the CPU tree engine; "
+                            "move it to the CPU or use the CUDA backend")
+        a = x.detach().numpy()  # shares memory with the tensor (raises for bfloat16 etc.)
+        if a.dtype.kind not in "fc":
+            return None
+        return ParamInfo(dtype=a.dtype, shape=a.shape, writeable=a.flags.writeable,
+                         to_array=lambda t: t.detach().numpy(), kind="torch.Tensor")
+
+    param_info.register(cls)(_torch)

@@ -1,0 +1,296 @@
+"""``save(path, state)`` / ``load(path)``: optimiser state of a tree in a portable ``.npz`` file.
+
+The file holds the arrays (per group: the state arenas, step counts and skip counts) and a small JSON
+header (``__header__``, UTF-8 bytes): rules by import path with their hyperparameters and options,
+dtypes, the tree structure of the state (container types by import path, keys), which leaves are
+tied, and frozen flags. No pickles: loading never runs code other than importing the rule classes
+named in the header (which must be :class:`numbaopt.Rule` subclasses).
+
+Writes are atomic: the file is written next to its destination and moved over it with
+``os.replace``, so a crash never leaves a half-written file in place of the old one. A corrupt,
+truncated or incompatible file is a ``ValueError``.
+"""
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from .chain import Chain
+from .rule import Rule
+from .tree import _DC, _DC_FROZEN, _DICT, _LIST, _NT, _TUPLE, ContainerSpec, Node, Path, PathEntry, \
+    StateTree, _registry
+
+__all__ = ["save", "load"]
+
+FORMAT = "numbaopt-tree-state"
+VERSION = 1
+
+_BUILTIN_SPECS = {s.name: s for s in (_DICT, _LIST, _TUPLE, _NT, _DC, _DC_FROZEN)}
+
+
+# --------------------------------------------------------------------------------------------------
+# encoding
+
+
+def _enc_key(k):
+    if isinstance(k, bool):
+        return ["b", k]
+    if isinstance(k, str):
+        return ["s", k]
+    if isinstance(k, int):
+        return ["i", k]
+    if isinstance(k, float):
+        return ["f", k]
+    if k is None:
+        return ["n", None]
+    if isinstance(k, tuple):
+        return ["t", [_enc_key(v) for v in k]]
+    raise TypeError(f"save: a container key {k!r} ({type(k).__name__}) cannot be stored; "
+                    "keys must be str, int, float, bool, None or tuples of those")
+
+
+def _dec_key(v):
+    tag, val = v
+    if tag == "t":
+        return tuple(_dec_key(x) for x in val)
+    if tag == "i":
+        return int(val)
+    if tag == "f":
+        return float(val)
+    if tag == "b":
+        return bool(val)
+    if tag in ("s", "n"):
+        return val
+    raise ValueError(f"unknown key tag {tag!r}")
+
+
+def _enc_node(n):
+    if n.spec is None:
+        return {"leaf": n.pos}
+    return {"spec": n.spec.name, "type": n.tname, "trained": n.trained,
+            "entries": [[e.kind, _enc_key(e.key)] for e in n.entries],
+            "children": [_enc_node(c) for c in n.children]}
+
+
+def _dec_node(d, counter):
+    n = Node()
+    n.lo = counter[0]
+    if "leaf" in d:
+        if int(d["leaf"]) != counter[0]:
+            raise ValueError("leaf positions out of order")
+        n.pos = counter[0]
+        counter[0] += 1
+    else:
+        name, tname = str(d["spec"]), str(d["type"])
+        spec = _BUILTIN_SPECS.get(name)
+        if spec is None:
+            spec = next((s for t, s in _registry.items() if s.name == tname), None) \
+                or ContainerSpec(name, None, None)
+        n.spec, n.tname = spec, tname
+        builtins = {"builtins:dict": dict, "builtins:list": list, "builtins:tuple": tuple}
+        n.type = builtins.get(tname)
+        n.entries = tuple(PathEntry(str(k), _dec_key(v)) for k, v in d["entries"])
+        n.children = tuple(_dec_node(c, counter) for c in d["children"])
+        if len(n.children) != len(n.entries):
+            raise ValueError("entries and children differ in length")
+        n.trained = bool(d["trained"])
+    n.hi = counter[0]
+    return n
+
+
+def _qual(obj_type) -> str:
+    return f"{obj_type.__module__}:{obj_type.__qualname__}"
+
+
+def _resolve(name: str):
+    mod, _, qual = name.partition(":")
+    obj = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _enc_value(v):
+    from .schedules import Schedule
+    if isinstance(v, Schedule):
+        state = {k: _enc_value(x) for k, x in vars(v).items()}
+        return {"schedule": _qual(type(v)), "state": state}
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    raise TypeError(f"save: hyperparameter value {v!r} cannot be stored")
+
+
+def _dec_value(v):
+    if isinstance(v, dict) and "schedule" in v:
+        from .schedules import Schedule
+        cls = _resolve(v["schedule"])
+        if not (isinstance(cls, type) and issubclass(cls, Schedule)):
+            raise ValueError(f"{v['schedule']} is not a numbaopt Schedule")
+        obj = cls.__new__(cls)
+        obj.__dict__.update({k: _dec_value(x) for k, x in v["state"].items()})
+        return obj
+    return v
+
+
+def _enc_rule(r):
+    if isinstance(r, Chain):
+        return {"chain": [_enc_rule(m) for m in r.rules]}
+    return {"rule": _qual(type(r)), "values": {k: _enc_value(v) for k, v in r._values.items()}}
+
+
+def _dec_rule(d):
+    if "chain" in d:
+        return Chain(*[_dec_rule(m) for m in d["chain"]])
+    cls = _resolve(d["rule"])
+    if not (isinstance(cls, type) and issubclass(cls, Rule)):
+        raise ValueError(f"{d['rule']} is not a numbaopt Rule")
+    return cls(**{k: _dec_value(v) for k, v in d["values"].items()})
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def save(path, state) -> None:
+    """Write ``state`` (from :func:`numbaopt.setup` on a tree) to ``path`` (``.npz``), atomically."""
+    if not isinstance(state, StateTree):
+        raise TypeError(f"save: expected a state tree from numbaopt.setup, got {type(state).__name__}")
+    s = state._s
+    if state._host:
+        u = next(iter(state._host))
+        raise NotImplementedError(f"save: state{s.paths[s.u_positions[u][0]]} is a wrapped rule's state "
+                                  f"({type(state._host[u]).__name__}), which cannot be saved yet")
+    header = {
+        "format": FORMAT, "version": VERSION,
+        "tree": _enc_node(s.root),
+        "pos_u": s.pos_u, "pos_param": s.pos_param,
+        "units": [{"shape": list(s.u_shape[u]), "dtype": s.u_dtype[u].str, "kind": s.u_kind[u],
+                   "tieable": s.u_tieable[u], "group": s.u_group[u], "j": s.u_j[u],
+                   "positions": s.u_positions[u]} for u in range(s.n_unique)],
+        "groups": [{"rule": _enc_rule(g.rule), "dtype": g.dtype.str, "members": g.members}
+                   for g in state._groups],
+        "frozen": [bool(f) for f in state._frozen],
+    }
+    arrays = {"__header__": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
+    for gi, g in enumerate(state._groups):
+        for k, a in enumerate(g.arenas):
+            arrays[f"g{gi}_a{k}"] = a
+        arrays[f"g{gi}_ts"] = g.ts
+        arrays[f"g{gi}_skipped"] = g.skipped
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".numbaopt-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load(path) -> StateTree:
+    """Read a state written by :func:`save`. A corrupt or incompatible file is a ``ValueError``."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        header = json.loads(bytes(data.pop("__header__")).decode())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError, UnicodeDecodeError) as e:
+        raise ValueError(f"load: {path} is not a readable numbaopt state file ({type(e).__name__}: {e})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"load: {path} is not a numbaopt tree state file")
+    if header.get("version") != VERSION:
+        raise ValueError(f"load: {path} has format version {header.get('version')}, this numbaopt reads {VERSION}")
+    try:
+        return _build(header, data)
+    except (KeyError, TypeError, IndexError, AttributeError, ImportError) as e:
+        raise ValueError(f"load: {path} is inconsistent or refers to unknown code ({type(e).__name__}: {e})") \
+            from None
+    except ValueError as e:
+        raise ValueError(f"load: {path}: {e}") from None
+
+
+def _build(header, data) -> StateTree:
+    from .engine import Group, Structure
+    s = Structure()
+    counter = [0]
+    s.root = _dec_node(header["tree"], counter)
+    npos = counter[0]
+    paths = [None] * npos
+
+    def walk(n, p):
+        if n.spec is None:
+            paths[n.pos] = Path(p)
+            return
+        for e, c in zip(n.entries, n.children):
+            walk(c, p + (e,))
+
+    walk(s.root, ())
+    s.paths = paths
+    s.pos_u = [None if u is None else int(u) for u in header["pos_u"]]
+    s.pos_param = [bool(b) for b in header["pos_param"]]
+    if len(s.pos_u) != npos or len(s.pos_param) != npos:
+        raise ValueError("position tables do not match the tree")
+    s.trained_pos = [p for p, u in enumerate(s.pos_u) if u is not None]
+    units = header["units"]
+    s.n_unique = len(units)
+    s.u_shape = [tuple(int(d) for d in u["shape"]) for u in units]
+    s.u_dtype = [np.dtype(u["dtype"]) for u in units]
+    s.u_kind = [str(u["kind"]) for u in units]
+    s.u_tieable = [bool(u["tieable"]) for u in units]
+    s.u_group = [int(u["group"]) for u in units]
+    s.u_j = [int(u["j"]) for u in units]
+    s.u_positions = [[int(p) for p in u["positions"]] for u in units]
+    s.u_host = [False] * s.n_unique
+    for u, ps in enumerate(s.u_positions):
+        for p in ps:
+            if s.pos_u[p] != u:
+                raise ValueError("tie table does not match the positions")
+    groups = []
+    for gi, gd in enumerate(header["groups"]):
+        rule = _dec_rule(gd["rule"])
+        members = [int(u) for u in gd["members"]]
+        dtype = np.dtype(gd["dtype"])
+        for j, u in enumerate(members):
+            if s.u_group[u] != gi or s.u_j[u] != j or s.u_dtype[u] != dtype:
+                raise ValueError("group table does not match the leaves")
+        sizes = [int(np.prod(s.u_shape[u], dtype=np.int64)) for u in members]
+        g = Group(rule, dtype, members, sizes)
+        for k, a in enumerate(g.arenas):
+            src = data[f"g{gi}_a{k}"]
+            if src.shape != a.shape or src.dtype != a.dtype:
+                raise ValueError(f"group {gi} state array {k}: {src.dtype}{src.shape}, expected {a.dtype}{a.shape}")
+            a[...] = src
+        for name in ("ts", "skipped"):
+            src = data[f"g{gi}_{name}"]
+            if src.shape != g.ts.shape or src.dtype != np.int64:
+                raise ValueError(f"group {gi} {name}: {src.dtype}{src.shape}, expected int64{g.ts.shape}")
+            getattr(g, name)[...] = src
+        if len(g.ts):
+            g.layout.fill_hyper(g.hp, int(g.ts[0]) + 1)
+        groups.append(g)
+    expected = {f"g{gi}_{k}" for gi, g in enumerate(groups) for k in
+                [f"a{k}" for k in range(len(g.arenas))] + ["ts", "skipped"]}
+    if set(data) != expected:
+        raise ValueError(f"unexpected arrays {sorted(set(data) ^ expected)}")
+    frozen = np.array([bool(f) for f in header["frozen"]], dtype=np.bool_)
+    if frozen.shape != (s.n_unique,):
+        raise ValueError("frozen flags do not match the leaves")
+    return StateTree(s, groups, frozen, {})
