@@ -15,7 +15,7 @@ from .backends.cpu import set_parallel_threshold, parallel_threshold
 
 # Each feature module defines __all__; its public names are re-exported here (one line per module).
 from .tree import *  # [trees]
-# [catalog]
+from .wrappers import *; from .schedules import *  # noqa: E702,F401,F403 [catalog]
 from .loops import *  # [loops]
 # [cuda]
 
