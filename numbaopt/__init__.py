@@ -17,7 +17,7 @@ from .backends.cpu import set_parallel_threshold, parallel_threshold
 from .tree import *  # [trees]
 from .wrappers import *; from .schedules import *  # noqa: E702,F401,F403 [catalog]
 from .loops import *  # [loops]
-# [cuda]
+from .backends.cuda import *  # [cuda]
 
 __version__ = "0.1.0"
 import types as _types

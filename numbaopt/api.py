@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backends import cpu
+from .backends import cuda as _cuda  # imports numba.cuda only when a device array is seen
 from .leaf import Leaf, as_rule, check_param_dtype
 
 __all__ = ["setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep"]
@@ -28,6 +29,8 @@ def setup(rule, model):
             return rule.setup_leaf(model)
         check_param_dtype(model.dtype)
         return Leaf(rule, model.shape, model.dtype)
+    if _cuda.is_device_array(model):
+        return _cuda.setup_leaf(rule, model)
     from . import engine
     return engine.setup(rule, model)
 
@@ -44,7 +47,8 @@ def _check(leaf, x, g, where_x="x", where_g="g"):
         if isinstance(g, (int, float, complex, np.number)) and not isinstance(g, bool) and x.ndim == 0:
             g = np.asarray(g)
         else:
-            raise TypeError(f"{where_g}: expected a numpy array, got {type(g).__name__}")
+            raise TypeError(f"{where_g}: expected a numpy array, got {type(g).__name__}"
+                            + (" on the GPU for a host parameter (no silent copies)" if _cuda.is_device_array(g) else ""))
     if g.shape != x.shape:
         raise ValueError(f"{where_g}: shape {g.shape}, expected {x.shape}")
     gd = g.dtype
@@ -153,6 +157,9 @@ def adjust(state, **hyper):
     """
     if type(state) is Leaf:
         return state.with_rule(state.adjusted_rule(hyper))
+    hook = getattr(state, "_numbaopt_adjust", None)
+    if hook is not None:  # device states
+        return hook(hyper, False)
     from . import engine
     return engine.adjust(state, **hyper)
 
@@ -164,6 +171,9 @@ def adjust_(state, **hyper):
         state.rule, state.layout, state.scheduled = fresh.rule, fresh.layout, fresh.scheduled
         state.hp[:] = fresh.hp  # in place: compiled callers holding hp see the new values
         return state
+    hook = getattr(state, "_numbaopt_adjust", None)
+    if hook is not None:
+        return hook(hyper, True)
     from . import engine
     return engine.adjust_(state, **hyper)
 

@@ -1,0 +1,613 @@
+"""CUDA backend: optimiser state on the GPU, updated by kernels generated from the same rule definitions.
+
+Importing this module does not import ``numba.cuda`` (that costs ~0.3 s and needs the optional
+``numba-cuda`` package); the first device array passed to :func:`numbaopt.setup` does.
+
+* :func:`setup_leaf` (what ``numbaopt.setup(rule, device_array)`` calls) returns a :class:`DeviceLeaf`:
+  the state arrays are Numba device arrays on the parameter's device; ``numbaopt.update_`` writes the
+  parameter and the state in place (one launch, or three per reduction rule); ``numbaopt.update``
+  returns new arrays (see ``docs/gpu.md`` for what comes back for each array kind).
+* :func:`setup_device_group` returns a :class:`DeviceGroup`: many device arrays of one dtype under one rule,
+  updated with ONE launch per step (state in flat device arenas, parameters and gradients through a
+  table of device addresses).
+
+Device arrays are Numba device arrays, any object with ``__cuda_array_interface__`` (CuPy arrays,
+PyTorch CUDA tensors) and, under the simulator (``NUMBA_ENABLE_CUDASIM=1``), its ``FakeCUDAArray``.
+A gradient on the other side of the bus from its parameter is a ``TypeError``: nothing is copied
+silently. All launches go to the default stream.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..leaf import Leaf, as_rule, check_param_dtype
+
+__all__ = ["DeviceLeaf", "DeviceGroup", "setup_device_group", "is_device_array", "cuda_available"]
+
+INSTALL_HINT = ("device arrays need the optional CUDA backend: pip install numbaopt[cuda] "
+                "(numba-cuda with the CUDA 12 toolkit wheels)")
+
+_cc = None  # numbaopt.backends.cuda_codegen, imported on first use
+
+
+def _codegen():
+    """Import ``numba.cuda`` and the CUDA generator, with a clear error when they are missing."""
+    global _cc
+    if _cc is None:
+        try:
+            from numba import cuda  # noqa: F401
+        except ImportError as e:
+            raise ImportError(INSTALL_HINT) from e
+        from . import cuda_codegen
+        if not cuda_codegen.SIM and not cuda.is_available():
+            raise RuntimeError("numbaopt: a device array was passed but CUDA reports no usable GPU or driver "
+                               "(set NUMBA_ENABLE_CUDASIM=1 before importing numba to use the simulator)")
+        _cc = cuda_codegen
+    return _cc
+
+
+def cuda_available() -> bool:
+    """Whether the CUDA backend can run here (numba-cuda installed and a GPU, or the simulator)."""
+    try:
+        _codegen()
+    except (ImportError, RuntimeError):
+        return False
+    return True
+
+
+def is_device_array(obj) -> bool:
+    """Whether ``obj`` is an array in GPU memory (never imports numba.cuda, torch or cupy)."""
+    cls = type(obj)
+    if cls is np.ndarray:
+        return False
+    if cls.__name__ == "FakeCUDAArray":
+        return True
+    if not hasattr(cls, "__cuda_array_interface__") and "__cuda_array_interface__" not in getattr(obj, "__dict__", ()):
+        return False
+    if cls.__module__.startswith("torch"):  # every torch.Tensor has the property; only CUDA ones work
+        return bool(getattr(obj, "is_cuda", False))
+    return True
+
+
+def _kind(obj) -> str:
+    mod = type(obj).__module__
+    if type(obj).__name__ == "FakeCUDAArray":
+        return "simulator"
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("numba"):
+        return "numba"
+    return "other"
+
+
+def _info(obj, where):
+    """``(numba device view or None, shape, dtype, address)`` of a device array, checking contiguity."""
+    if type(obj).__name__ == "FakeCUDAArray":
+        ary = obj._ary
+        if not ary.flags.c_contiguous:
+            raise ValueError(f"{where}: expected a C-contiguous device array")
+        return obj, ary.shape, ary.dtype, ary.ctypes.data
+    src = obj.detach() if _kind(obj) == "torch" else obj
+    cai = src.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, acc = [], dtype.itemsize
+        for s in reversed(shape):
+            expect.append(acc)
+            acc *= s
+        if any(n > 1 and s != e for n, s, e in zip(shape, strides, reversed(expect))):
+            raise ValueError(f"{where}: expected a C-contiguous device array (strides {strides})")
+    if cai["data"][1]:
+        raise ValueError(f"{where}: the device array is read-only")
+    return src, shape, dtype, int(cai["data"][0] or 0)
+
+
+def _flat(src, n):
+    """A 1-D Numba device view of a contiguous device array (no copy)."""
+    from numba import cuda
+    if type(src).__name__ != "FakeCUDAArray" and not cuda.is_cuda_array(src):
+        raise TypeError(f"not a CUDA array: {type(src).__name__}")
+    if type(src).__name__ != "FakeCUDAArray" and not hasattr(src, "copy_to_host"):
+        src = cuda.as_cuda_array(src)
+    return src.reshape(n) if src.ndim != 1 else src
+
+
+def _host_side_error(where, obj, other):
+    return TypeError(f"{where}: a host {type(obj).__name__} for a parameter on the GPU ({other}); "
+                     "copy it to the device yourself (numbaopt never copies across the bus silently)")
+
+
+def _empty_like(kind, obj, shape, dtype):
+    """A new array of the same kind as ``obj`` (torch -> tensor, CuPy -> cupy array, else Numba)."""
+    import sys
+    from numba import cuda
+    if kind == "torch":
+        return sys.modules["torch"].empty_like(obj)
+    if kind == "cupy":
+        return sys.modules["cupy"].empty_like(obj)
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def _device_state(layout, rules, dtype, size):
+    """Fresh state arrays on the current device, filled with their initial values by a kernel."""
+    from numba import cuda
+    cc = _codegen()
+    arrays = []
+    for (r_i, decl), dt in zip(layout.state_decls, layout.state_dtypes(dtype)):
+        init = decl.init
+        if isinstance(init, str):
+            init = rules[r_i]._values[init]
+            from ..schedules import Schedule
+            if isinstance(init, Schedule):
+                init = init(1)
+        a = cuda.device_array(max(size, 0), dtype=dt)
+        if size:
+            cc.fill[_blocks(size), cc.TPB](a, dt.type(init))
+        arrays.append(a)
+    return arrays
+
+
+_max_blocks = [None]
+
+
+def _blocks(n: int) -> int:
+    """Blocks for a grid-stride launch over n elements (capped: each thread loops)."""
+    cc = _codegen()
+    cap = _max_blocks[0]
+    if cap is None:
+        if cc.SIM:
+            cap = 2
+        else:
+            from numba import cuda
+            cap = 32 * cuda.get_current_device().MULTIPROCESSOR_COUNT
+        _max_blocks[0] = cap
+    return max(1, min(cap, -(-n // cc.TPB)))
+
+
+def _identity_acc(plan, rows):
+    acc = np.zeros((rows, plan.acc_cols), dtype=np.float64)
+    for r, ops in plan.ops.items():
+        for j, op in enumerate(ops):
+            if op != "sum":
+                acc[:, plan.abase[r] + j] = -np.inf
+    return acc
+
+
+class _Scratch:
+    """Device-side buffers of one state: hyperparameters, reduction accumulators, finals, status."""
+
+    __slots__ = ("hp_dev", "hp_seen", "acc", "fin", "st", "rows")
+
+    def __init__(self, plan, rows, hp):
+        from numba import cuda
+        self.hp_dev = cuda.to_device(hp)
+        self.hp_seen = hp.copy()
+        self.rows = rows
+        if plan.acc_cols and plan.ops:
+            self.acc = cuda.to_device(_identity_acc(plan, rows))
+            self.fin = cuda.device_array((rows, plan.fin_cols), dtype=np.float64)
+            self.st = cuda.to_device(np.array([_codegen().NO_STATUS], dtype=np.int64))
+        else:
+            self.acc = self.fin = self.st = None
+
+    def sync_hp(self, hp):
+        """Upload the hyperparameters only when they changed (adjust, schedules)."""
+        if not np.array_equal(hp, self.hp_seen):
+            self.hp_dev.copy_to_device(hp)
+            self.hp_seen = hp.copy()
+
+
+def _decode(key):
+    """``(status, row)`` from the status key written by the finish kernels."""
+    if key == _codegen().NO_STATUS:
+        return 0, None
+    r, row, kind = key >> 40, (key >> 1) & ((1 << 39) - 1), key & 1
+    return (1 if kind else 2 + r), row
+
+
+def _reductions(mod, layout, sc, args, rows_of, launch):
+    """Reduce, then finish, for every reducer in chain order."""
+    cc = _codegen()
+    for r in layout.reducers:
+        launch(getattr(mod, f"reduce_k{r}" if rows_of is None else f"mreduce_k{r}"))(
+            *args, sc.fin, sc.st, sc.acc)
+        rows = 1 if (rows_of is None or mod.plan.tree[r]) else rows_of
+        getattr(mod, f"finish_k{r}")[max(1, -(-rows // cc.TPB)), cc.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows)
+
+
+class DeviceLeaf(Leaf):
+    """Optimiser state of one device array: like :class:`numbaopt.Leaf`, with the state arrays on the GPU.
+
+    ``arrays``/``state`` are Numba device arrays; ``hp`` stays on the host (uploaded when it changes).
+    :meth:`to_host`/:meth:`from_host` move the state across the bus (pickling does it for you).
+    """
+
+    __slots__ = ("scratch", "_xcache")
+
+    def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0):
+        size = int(np.prod(shape, dtype=np.int64))
+        layout_rules = rule.rules
+        from .. import codegen
+        if arrays is None:
+            arrays = _device_state(codegen.ChainLayout(layout_rules), layout_rules, dtype, size)
+        Leaf.__init__(self, rule, shape, dtype, arrays=arrays, t=t, hp=hp, skipped=skipped)
+        self.scratch = _Scratch(self.kernels().plan, 1, self.hp)
+        self._xcache = None
+
+    def kernels(self):
+        """The generated CUDA module of this state's chain and dtype."""
+        k = self.kern
+        if k is None:
+            k = self.kern = _codegen().kernels(self.rule.rules, self.dtype)
+        return k
+
+    def fast_call(self):  # the CPU fast path does not apply to device arrays
+        raise TypeError("DeviceLeaf has no CPU fast path")
+
+    @property
+    def state(self) -> dict:
+        """State arrays by name, as Numba device arrays shaped like the parameter (views)."""
+        names = [d.name for _, d in self.layout.state_decls]
+        out = {}
+        for (r_i, d), a in zip(self.layout.state_decls, self.arrays):
+            out[d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}"] = a.reshape(self.shape)
+        return out
+
+    def copy(self) -> "DeviceLeaf":
+        """An independent copy (device-to-device copies of the state)."""
+        from numba import cuda
+        arrays = []
+        for a in self.arrays:
+            b = cuda.device_array(a.shape, dtype=a.dtype)
+            b.copy_to_device(a)
+            arrays.append(b)
+        return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=arrays, t=self.t, hp=self.hp.copy(),
+                          skipped=self.skipped)
+
+    def to_host(self) -> Leaf:
+        """A host :class:`numbaopt.Leaf` with the same state (copied to host memory)."""
+        return Leaf(self.rule, self.shape, self.dtype, arrays=[a.copy_to_host() for a in self.arrays],
+                    t=self.t, hp=self.hp.copy(), skipped=self.skipped)
+
+    @classmethod
+    def from_host(cls, leaf: Leaf) -> "DeviceLeaf":
+        """The device state of a host :class:`numbaopt.Leaf` (copied to the current device)."""
+        from numba import cuda
+        _codegen()
+        return cls(leaf.rule, leaf.shape, leaf.dtype, arrays=[cuda.to_device(np.ascontiguousarray(a))
+                                                              for a in leaf.arrays],
+                   t=leaf.t, hp=leaf.hp.copy(), skipped=leaf.skipped)
+
+    def __reduce__(self):
+        return (_leaf_from_host, (self.to_host(),))
+
+    def __repr__(self):
+        return "Device" + Leaf.__repr__(self)
+
+    # -- hooks called by numbaopt.update / update_ / adjust / adjust_ -----------------------------
+    def _numbaopt_adjust(self, hyper, inplace):
+        fresh_rule = self.adjusted_rule(hyper)
+        target = self if inplace else self.copy()
+        from .. import codegen
+        from ..schedules import Schedule
+        target.rule = fresh_rule
+        target.layout = codegen.ChainLayout(fresh_rule.rules)
+        target.scheduled = any(isinstance(r._values[n], Schedule) for r in fresh_rule.rules for n in r._hypers)
+        target.hp[:] = target.layout.hyper_vector(target.t + 1, target.dtype)
+        return target
+
+    def _check(self, x, g):
+        if not is_device_array(x):
+            if isinstance(x, np.ndarray):
+                raise TypeError(f"x: a host numpy array, but this state lives on the GPU; pass the device "
+                                f"array it was set up for")
+            raise TypeError(f"x: expected a device array, got {type(x).__name__}")
+        cache = self._xcache
+        if cache is not None and cache[0] is x:
+            x1 = cache[1]
+        else:
+            xs, shape, dtype, _ = _info(x, "x")
+            if dtype != self.dtype:
+                raise TypeError(f"x: dtype {dtype}, but the state was set up for {self.dtype}")
+            if tuple(shape) != self.shape:
+                raise ValueError(f"x: shape {tuple(shape)}, but the state was set up for shape {self.shape}")
+            x1 = _flat(xs, self.size)
+            self._xcache = (x, x1)
+        if not is_device_array(g):
+            raise _host_side_error("g", g, type(x).__name__)
+        gs, gshape, gdtype, _ = _info(g, "g")
+        if tuple(gshape) != self.shape:
+            raise ValueError(f"g: shape {tuple(gshape)}, expected {self.shape}")
+        if gdtype != self.dtype:
+            raise TypeError(f"g: dtype {gdtype}, expected {self.dtype} (on the GPU gradients are not cast: "
+                            "that would need a hidden copy)")
+        return x1, _flat(gs, self.size)
+
+    def _run(self, x1, g1, outputs=None):
+        cc = _codegen()
+        mod = self.kernels()
+        sc = self.scratch
+        if self.scheduled:
+            self.layout.fill_hyper(self.hp, self.t + 1)
+        sc.sync_hp(self.hp)
+        nb = _blocks(self.size)
+        args = [x1, g1, *self.arrays, sc.hp_dev, self.t + 1]
+        if self.layout.reducers:
+            _reductions(mod, self.layout, sc, args, None, lambda k: k[nb, cc.TPB])
+            args += [sc.fin, sc.st]
+        if outputs is None:
+            mod.inplace[nb, cc.TPB](*args)
+        else:
+            mod.outplace[nb, cc.TPB](*args, *outputs)
+        if mod.plan.status:
+            return _decode(int(sc.st.copy_to_host()[0]))[0]
+        return 0
+
+    def _numbaopt_update(self, model, grad, inplace):
+        from ..backends.cpu import raise_status
+        x1, g1 = self._check(model, grad)
+        if inplace:
+            status = self._run(x1, g1)
+            if status == 0:
+                self.t += 1
+            else:
+                raise_status(self, status)
+                self.skipped += 1
+            return self, model
+        from numba import cuda
+        new = self.copy()
+        xo_obj = _empty_like(_kind(model), model, self.shape, self.dtype)
+        xo = _flat(_info(xo_obj, "x")[0], self.size)
+        outs = [cuda.device_array(a.shape, dtype=a.dtype) for a in self.arrays]
+        status = new._run(x1, g1, outputs=[xo] + outs)
+        if status == 0:
+            new.arrays = tuple(outs)
+            new.t += 1
+            return new, xo_obj
+        raise_status(new, status)
+        new.skipped += 1
+        xo.copy_to_device(x1)
+        return new, xo_obj
+
+
+def _leaf_from_host(leaf):
+    return DeviceLeaf.from_host(leaf)
+
+
+def setup_leaf(rule, x) -> DeviceLeaf:
+    """Optimiser state for one device array (``numbaopt.setup`` calls this for device arrays)."""
+    rule = as_rule(rule)
+    if hasattr(rule, "setup_leaf"):
+        raise TypeError(f"{type(rule).__name__} is a host-level wrapper and does not support device arrays yet")
+    _codegen()
+    _, shape, dtype, _ = _info(x, "x")
+    check_param_dtype(dtype)
+    return DeviceLeaf(rule, shape, dtype)
+
+
+class DeviceGroup:
+    """Optimiser state of many device arrays of one dtype under one rule, stepped with ONE launch.
+
+    The state of every leaf lives in flat device arenas (leaf ``i`` at ``offsets[i]``); parameters and
+    gradients are reached through tables of device addresses, uploaded only when an address changes.
+    A chunk table (built once) maps each block to one leaf and a range of its elements. Rules with a
+    reduction add one reduce and one finish launch each (per leaf, or over the whole group for
+    ``scope = "tree"`` rules such as global-norm clipping). All leaves step together (one ``t``).
+    ``update`` (pure) copies the parameters and arenas on the device, then steps the copies.
+    """
+
+    def __init__(self, rule, params, *, _arenas=None, t=0, hp=None, skipped=0):
+        from .. import codegen
+        from numba import cuda
+        cc = _codegen()
+        rule = as_rule(rule)
+        if hasattr(rule, "setup_leaf"):
+            raise TypeError(f"{type(rule).__name__} is a host-level wrapper and does not support device arrays")
+        params = list(params)
+        if not params:
+            raise ValueError("setup_group: needs at least one device array")
+        shapes, dtype = [], None
+        for i, p in enumerate(params):
+            if not is_device_array(p):
+                raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
+            _, shape, dt, _ = _info(p, f"params[{i}]")
+            check_param_dtype(dt, f"params[{i}]")
+            if dtype is None:
+                dtype = dt
+            elif dt != dtype:
+                raise TypeError(f"params[{i}]: dtype {dt}; a group has one dtype ({dtype}): make one group per dtype")
+            shapes.append(tuple(shape))
+        self.rule, self.dtype, self.shapes = rule, np.dtype(dtype), shapes
+        for r in rule.rules:
+            if self.dtype.kind == "c" and not type(r).supports_complex:
+                raise TypeError(f"{type(r).__name__} does not support complex parameters (dtype {self.dtype})")
+        self.layout = codegen.ChainLayout(rule.rules)
+        from ..schedules import Schedule
+        self.scheduled = any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
+        self.t, self.skipped = int(t), int(skipped)
+        self.hp = self.layout.hyper_vector(self.t + 1, self.dtype) if hp is None else hp
+        self.sizes = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.total = int(self.sizes.sum())
+        self.mod = cc.kernels(rule.rules, self.dtype)
+        self.arenas = tuple(_device_state(self.layout, rule.rules, self.dtype, self.total)
+                            if _arenas is None else _arenas)
+        bleaf, bstart = [], []
+        for j, n in enumerate(self.sizes):
+            for s in range(0, max(int(n), 1), cc.CHUNK):
+                bleaf.append(j)
+                bstart.append(s)
+        self.nblocks = len(bleaf)
+        self._sizes_dev = cuda.to_device(self.sizes)
+        self._offsets_dev = cuda.to_device(self.offsets)
+        self._bleaf = cuda.to_device(np.array(bleaf, dtype=np.int64))
+        self._bstart = cuda.to_device(np.array(bstart, dtype=np.int64))
+        self.scratch = _Scratch(self.mod.plan, len(params), self.hp)
+        self._xaddr = np.zeros(len(params), dtype=np.int64)
+        self._gaddr = np.zeros(len(params), dtype=np.int64)
+        self._xaddr_dev = cuda.to_device(self._xaddr)
+        self._gaddr_dev = cuda.to_device(self._gaddr)
+        self._params = None  # the parameter objects whose addresses are in the table
+
+    def __len__(self):
+        return len(self.shapes)
+
+    def __repr__(self):
+        return f"DeviceGroup({self.rule!r}, t={self.t}, {len(self)} leaves, {self.dtype.name}[{self.total}])"
+
+    def state(self, i: int) -> dict:
+        """State arrays of leaf ``i`` by name (device views into the arenas, shaped like the leaf)."""
+        o, n = int(self.offsets[i]), int(self.sizes[i])
+        names = [d.name for _, d in self.layout.state_decls]
+        out = {}
+        for (r_i, d), a in zip(self.layout.state_decls, self.arenas):
+            out[d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}"] = a[o:o + n].reshape(self.shapes[i])
+        return out
+
+    def _table(self, objs, what, table, dev):
+        """Check ``objs`` against the group's leaves and upload their addresses when they changed."""
+        if len(objs) != len(self.shapes):
+            raise ValueError(f"{what}: {len(objs)} arrays for a group of {len(self.shapes)}")
+        addr = np.empty(len(objs), dtype=np.int64)
+        for i, o in enumerate(objs):
+            if not is_device_array(o):
+                if what == "grads":
+                    raise _host_side_error(f"grads[{i}]", o, "device parameters")
+                raise TypeError(f"{what}[{i}]: expected a device array, got {type(o).__name__}")
+            _, shape, dt, a = _info(o, f"{what}[{i}]")
+            if tuple(shape) != self.shapes[i]:
+                raise ValueError(f"{what}[{i}]: shape {tuple(shape)}, expected {self.shapes[i]}")
+            if dt != self.dtype:
+                raise TypeError(f"{what}[{i}]: dtype {dt}, expected {self.dtype}")
+            addr[i] = a
+        if not np.array_equal(addr, table):
+            table[:] = addr
+            dev.copy_to_device(table)
+
+    def _launch(self, params, grads):
+        cc = _codegen()
+        params, grads = list(params), list(grads)
+        if self._params is None or len(params) != len(self._params) or \
+                any(a is not b for a, b in zip(params, self._params)):
+            self._table(params, "params", self._xaddr, self._xaddr_dev)
+            self._params = params
+        self._table(grads, "grads", self._gaddr, self._gaddr_dev)
+        sc = self.scratch
+        if self.scheduled:
+            self.layout.fill_hyper(self.hp, self.t + 1)
+        sc.sync_hp(self.hp)
+        args = [self._xaddr_dev, self._gaddr_dev, self._sizes_dev, self._offsets_dev, self._bleaf, self._bstart,
+                *self.arenas, sc.hp_dev, self.t + 1]
+        nb = self.nblocks
+        if self.layout.reducers:
+            _reductions(self.mod, self.layout, sc, args, len(self.shapes), lambda k: k[nb, cc.TPB])
+            args += [sc.fin, sc.st]
+        self.mod.multi[nb, cc.TPB](*args)
+        if self.mod.plan.status:
+            return _decode(int(sc.st.copy_to_host()[0]))
+        return 0, None
+
+    def _finish(self, status, row):
+        from ..backends.cpu import raise_status
+        if status == 0:
+            self.t += 1
+            return
+        raise_status(self, status, "" if row is None else f"leaf {row}")
+        self.skipped += 1
+
+    def update_(self, params, grads):
+        """One step on every leaf in place; returns ``(self, params)``."""
+        status, row = self._launch(params, grads)
+        self._finish(status, row)
+        return self, params
+
+    def copy(self) -> "DeviceGroup":
+        """An independent copy (device-to-device copies of the arenas)."""
+        from numba import cuda
+        arenas = []
+        for a in self.arenas:
+            b = cuda.device_array(a.shape, dtype=a.dtype)
+            b.copy_to_device(a)
+            arenas.append(b)
+        g = DeviceGroup.__new__(DeviceGroup)
+        g.__dict__.update(self.__dict__)
+        g.arenas = tuple(arenas)
+        g.hp = self.hp.copy()
+        g.scratch = _Scratch(self.mod.plan, len(self.shapes), g.hp)
+        g._xaddr = np.zeros_like(self._xaddr)
+        g._gaddr = np.zeros_like(self._gaddr)
+        g._xaddr_dev = cuda.to_device(g._xaddr)
+        g._gaddr_dev = cuda.to_device(g._gaddr)
+        g._params = None
+        return g
+
+    def update(self, params, grads):
+        """Pure step: returns ``(new_group, new_params)``; the inputs are untouched."""
+        params = list(params)
+        new = self.copy()
+        outs = []
+        for i, p in enumerate(params):
+            if not is_device_array(p):
+                raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
+            src, shape, dt, _ = _info(p, f"params[{i}]")
+            o = _empty_like(_kind(p), p, shape, dt)
+            _flat(_info(o, "out")[0], int(np.prod(shape, dtype=np.int64))).copy_to_device(
+                _flat(src, int(np.prod(shape, dtype=np.int64))))
+            outs.append(o)
+        status, row = new._launch(outs, grads)
+        new._params = None  # the copies are the caller's now; never keep their addresses
+        new._finish(status, row)
+        return new, outs
+
+    def _numbaopt_update(self, model, grad, inplace):
+        return self.update_(model, grad) if inplace else self.update(model, grad)
+
+    def _numbaopt_adjust(self, hyper, inplace):
+        members = self.rule.rules
+        probe = Leaf.__new__(Leaf)
+        probe.rule = self.rule
+        fresh = Leaf.adjusted_rule(probe, hyper)
+        target = self if inplace else self.copy()
+        from .. import codegen
+        from ..schedules import Schedule
+        target.rule = fresh
+        target.layout = codegen.ChainLayout(fresh.rules)
+        target.scheduled = any(isinstance(r._values[n], Schedule) for r in fresh.rules for n in r._hypers)
+        target.hp[:] = target.layout.hyper_vector(target.t + 1, self.dtype)
+        del members
+        return target
+
+    def to_host(self) -> list:
+        """One host :class:`numbaopt.Leaf` per leaf (state copied to host memory)."""
+        host = [a.copy_to_host() for a in self.arenas]
+        out = []
+        for i, shape in enumerate(self.shapes):
+            o, n = int(self.offsets[i]), int(self.sizes[i])
+            out.append(Leaf(self.rule, shape, self.dtype, arrays=[h[o:o + n].copy() for h in host],
+                            t=self.t, hp=self.hp.copy(), skipped=self.skipped))
+        return out
+
+    @classmethod
+    def from_host(cls, leaves, params) -> "DeviceGroup":
+        """A group for the device arrays ``params`` with the state of host leaves (as from :meth:`to_host`)."""
+        from numba import cuda
+        leaves = list(leaves)
+        if not leaves:
+            raise ValueError("from_host: no leaves")
+        first = leaves[0]
+        for i, lf in enumerate(leaves):
+            if lf.t != first.t or lf.rule != first.rule:
+                raise ValueError(f"leaves[{i}]: a group needs one rule and one step count")
+        k = len(first.arrays)
+        arenas = tuple(cuda.to_device(np.concatenate([np.ascontiguousarray(lf.arrays[a]).reshape(-1)
+                                                      for lf in leaves])) for a in range(k))
+        return cls(first.rule, params, _arenas=arenas, t=first.t, hp=first.hp.copy(), skipped=first.skipped)
+
+
+def setup_device_group(rule, params) -> DeviceGroup:
+    """One :class:`DeviceGroup` for a list of device arrays (one dtype): one launch per step."""
+    return DeviceGroup(rule, params)

@@ -1,0 +1,267 @@
+"""The CUDA backend, run by Numba's CUDA simulator: every rule against its float64 reference and the CPU
+path, in-place against out-of-place, many leaves in one launch, reductions, bad input, save/load.
+
+Arrays are tiny: the simulator runs every GPU thread as a Python thread.
+"""
+import os
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+from numba import cuda
+
+import numbaopt as no
+from numbaopt.backends import cuda as nc
+from numbaopt.backends import cuda_codegen as cc
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import test_rules_reference as R  # noqa: E402  (the CPU suite's float64 references, not copied)
+
+STEPS = 3
+
+
+def test_the_simulator_is_what_runs():
+    assert cc.SIM and nc.cuda_available()
+    assert type(cuda.to_device(np.zeros(2))).__name__ == "FakeCUDAArray"
+
+
+def _dev(a):
+    return cuda.to_device(np.require(a, requirements='C'))  # keeps 0-d arrays 0-d
+
+
+def _host(a):
+    return a.copy_to_host()
+
+
+def _run_device(rule, x0, grads, inplace=True):
+    xd = _dev(x0.copy())
+    s = no.setup(rule, xd)
+    assert type(s) is nc.DeviceLeaf
+    for g in grads:
+        s, xd = (no.update_ if inplace else no.update)(s, xd, _dev(g))
+    return s, _host(xd)
+
+
+def _run_cpu(rule, x0, grads):
+    s, x = no.setup(rule, x0.copy()), x0.copy()
+    for g in grads:
+        s, x = no.update_(s, x, g)
+    return s, x
+
+
+@pytest.mark.parametrize("case", R.CASES, ids=[R._id(c) for c in R.CASES])
+def test_rule_on_device_matches_reference_cpu_and_out_of_place(case):
+    rule, make_ref, _ = case
+    x0, grads = R.data(np.float32, n=23, steps=STEPS)
+    s1, x1 = _run_device(rule, x0, grads, inplace=True)
+    s2, x2 = _run_device(rule, x0, grads, inplace=False)
+    assert x1.dtype == np.float32 and s1.t == s2.t == STEPS
+    assert x1.tobytes() == x2.tobytes()  # in-place and functional paths: bitwise equal
+    for a, b in zip(s1.arrays, s2.arrays):
+        assert _host(a).tobytes() == _host(b).tobytes()
+    _, xc = _run_cpu(rule, x0, grads)
+    np.testing.assert_allclose(x1, xc, rtol=2e-6, atol=2e-7)  # reductions sum in another order
+    expect = R.run_reference(make_ref(rule), x0, grads)
+    close = np.isclose(x1, expect, rtol=5e-4, atol=5e-4)
+    assert close.mean() >= 0.95, (x1[~close], expect[~close])
+    assert np.abs(x1 - x0).max() > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("rule", [no.Adam(0.01), no.RMSProp(0.01, centred=True), no.ClipNorm(2.0),
+                                  no.LAMB(0.01, weight_decay=0.1)], ids=repr)
+def test_other_dtypes(rule, dtype):
+    case = next(c for c in R.CASES if c[0] == rule)
+    x0, grads = R.data(dtype, n=11, steps=STEPS)
+    s1, x1 = _run_device(rule, x0, grads)
+    s2, x2 = _run_device(rule, x0, grads, inplace=False)
+    assert x1.dtype == np.dtype(dtype) and x1.tobytes() == x2.tobytes()
+    for (_, decl), a in zip(s1.layout.state_decls, s1.arrays):
+        assert a.dtype == (np.dtype(dtype).type(0).real.dtype if decl.real else np.dtype(dtype))
+    expect = R.run_reference(case[1](rule), x0, grads)
+    tol = 5e-4 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-10
+    np.testing.assert_allclose(x1, expect, rtol=tol, atol=tol)
+
+
+def test_state_is_on_the_device_and_hyperparameters_are_runtime():
+    x0, grads = R.data(np.float32, n=9, steps=2)
+    xd = _dev(x0.copy())
+    s = no.setup(no.Adam(0.01), xd)
+    assert all(type(a).__name__ == "FakeCUDAArray" for a in s.arrays)
+    assert set(s.state) == {"m", "v"} and s.state["m"].shape == (9,)
+    mod = s.kernels()
+    s, xd = no.update_(s, xd, _dev(grads[0]))
+    no.adjust_(s, lr=0.5)
+    s, xd = no.update_(s, xd, _dev(grads[1]))
+    assert s.kernels() is mod
+    h = no.setup(no.Adam(0.01), x0.copy())
+    h, xh = no.update_(h, x0.copy(), grads[0])
+    no.adjust_(h, lr=0.5)
+    h, xh = no.update_(h, xh, grads[1])
+    np.testing.assert_allclose(_host(xd), xh, rtol=1e-6)
+    s2 = no.adjust(s, lr=0.1)
+    assert s2.rule.lr == 0.1 and s.rule.lr == 0.5 and s2.t == s.t
+
+
+def test_source_is_generated_from_the_same_definition():
+    src = cc.generate_source(no.Adam().rules, np.float32)
+    assert "def step_0(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2):" in src
+    assert "_R(1) - beta1" in src and "@cuda.jit" in src  # literals rewritten as for the CPU kernels
+    k = nc._codegen().kernels(no.Adam().rules, np.float32)
+    assert os.path.dirname(k.source_path) == no.codegen.cache_dir()
+
+
+def test_bad_input_is_refused_before_anything_is_written():
+    x0 = np.arange(6, dtype=np.float32)
+    xd = _dev(x0)
+    s = no.setup(no.Adam(0.1), xd)
+    with pytest.raises(TypeError, match="host .*GPU"):
+        no.update_(s, xd, np.ones(6, np.float32))  # host gradient for a device parameter
+    with pytest.raises(TypeError, match="host numpy array"):
+        no.update_(s, x0.copy(), _dev(np.ones(6, np.float32)))
+    with pytest.raises(TypeError, match="dtype float64"):
+        no.update_(s, xd, _dev(np.ones(6)))
+    with pytest.raises(ValueError, match="shape"):
+        no.update_(s, xd, _dev(np.ones(5, np.float32)))
+    assert _host(xd).tobytes() == x0.tobytes() and s.t == 0
+    assert not np.any(_host(s.arrays[0]))
+    h = no.setup(no.Adam(0.1), x0.copy())
+    with pytest.raises(TypeError, match="GPU for a host parameter"):
+        no.update_(h, x0.copy(), _dev(np.ones(6, np.float32)))
+    with pytest.raises(TypeError, match="float16|unsupported|expected float32"):
+        no.setup(no.Adam(), _dev(np.ones(3, np.int32)))
+    with pytest.raises(TypeError, match="complex"):
+        no.setup(no.ClipGrad(), _dev(np.ones(3, np.complex64)))
+
+
+def test_nonfinite_gradient_skips_or_raises_without_writing():
+    x0, grads = R.data(np.float32, n=10, steps=1)
+    bad = grads[0].copy()
+    bad[3] = np.nan
+    xd = _dev(x0.copy())
+    s = no.setup(no.SkipNonFinite(no.Adam(0.1)), xd)
+    s, xd = no.update_(s, xd, _dev(bad))
+    assert s.skipped == 1 and s.t == 0 and _host(xd).tobytes() == x0.tobytes()
+    s, xd = no.update_(s, xd, _dev(grads[0]))
+    assert s.t == 1 and not np.array_equal(_host(xd), x0)
+    xd = _dev(x0.copy())
+    s = no.setup(no.ClipNorm(1.0), xd)
+    with pytest.raises(ValueError, match="not finite"):
+        no.update_(s, xd, _dev(bad))
+    assert _host(xd).tobytes() == x0.tobytes() and s.t == 0
+    s2, xo = no.update(no.setup(no.SkipNonFinite(no.Adam(0.1)), xd), xd, _dev(bad))
+    assert s2.skipped == 1 and _host(xo).tobytes() == x0.tobytes()
+
+
+SHAPES = [(3,), (40,), (2, 5), ()]  # 40 > CHUNK in the simulator: several blocks per leaf
+
+
+def _leaves(dtype=np.float32, steps=2, seed=1):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    gs = [[rng.standard_normal(s).astype(dtype) for s in SHAPES] for _ in range(steps)]
+    return xs, gs
+
+
+@pytest.mark.parametrize("rule", [no.Adam(0.1), no.chain(no.WeightDecay(0.1), no.ClipGrad(0.5), no.Nesterov(0.1)),
+                                  no.ClipNorm(1.0)], ids=repr)
+def test_group_one_launch_matches_per_leaf_cpu(rule):
+    assert max(int(np.prod(s)) for s in SHAPES) > cc.CHUNK
+    xs, gs = _leaves()
+    xd = [_dev(x.copy()) for x in xs]
+    grp = no.setup_device_group(rule, xd)
+    hs = [no.setup(rule, x.copy()) for x in xs]
+    xh = [x.copy() for x in xs]
+    for step in gs:
+        grp, xd = no.update_(grp, xd, [_dev(g) for g in step])
+        for i, g in enumerate(step):
+            hs[i], xh[i] = no.update_(hs[i], xh[i], g)
+    for a, b in zip(xd, xh):
+        np.testing.assert_allclose(_host(a), b, rtol=2e-6, atol=2e-7)
+    assert grp.t == len(gs)
+    for i, h in enumerate(hs):  # the arenas hold each leaf's state where state(i) says
+        for name, arr in grp.state(i).items():
+            np.testing.assert_allclose(_host(arr), h.state[name], rtol=2e-6, atol=1e-7)
+    new, xo = no.update(grp, xd, [_dev(g) for g in gs[0]])
+    grp, xd = no.update_(grp, xd, [_dev(g) for g in gs[0]])
+    assert new.t == grp.t
+    assert all(_host(a).tobytes() == _host(b).tobytes() for a, b in zip(xo, xd))
+
+
+def test_group_global_norm_and_skip_span_every_leaf():
+    xs, gs = _leaves(steps=1)
+    g = gs[0]
+    xd = [_dev(x.copy()) for x in xs]
+    grp = no.setup_device_group(no.ClipGlobalNorm(0.5), xd)
+    grp, xd = no.update_(grp, xd, [_dev(a) for a in g])
+    n = np.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in g))
+    for x, a, y in zip(xs, g, xd):
+        np.testing.assert_allclose(_host(y), x - a * min(0.5 / n, 1.0), rtol=1e-6, atol=1e-7)
+    bad = [a.copy() for a in g]
+    bad[2].flat[1] = np.inf
+    xd = [_dev(x.copy()) for x in xs]
+    grp = no.setup_device_group(no.SkipNonFinite(no.Adam(0.1)), xd)
+    grp, xd = no.update_(grp, xd, [_dev(a) for a in bad])
+    assert grp.skipped == 1 and grp.t == 0
+    assert all(_host(y).tobytes() == x.tobytes() for x, y in zip(xs, xd))
+    grp = no.setup_device_group(no.ClipNorm(1.0), xd)
+    with pytest.raises(ValueError, match="leaf 2: ClipNorm"):
+        no.update_(grp, xd, [_dev(a) for a in bad])
+
+
+def test_group_bad_input():
+    xs, gs = _leaves(steps=1)
+    xd = [_dev(x.copy()) for x in xs]
+    with pytest.raises(TypeError, match=r"params\[1\]: dtype float64"):
+        no.setup_device_group(no.Adam(), [xd[0], _dev(np.ones(3))])
+    grp = no.setup_device_group(no.Adam(), xd)
+    with pytest.raises(TypeError, match=r"grads\[0\]: a host ndarray"):
+        no.update_(grp, xd, gs[0])
+    with pytest.raises(ValueError, match=r"grads\[1\]: shape"):
+        no.update_(grp, xd, [_dev(gs[0][0])] * len(xd))
+    with pytest.raises(ValueError, match="3 arrays for a group of 4"):
+        no.update_(grp, xd, [_dev(a) for a in gs[0]][:3])
+    assert grp.t == 0 and all(_host(y).tobytes() == x.tobytes() for x, y in zip(xs, xd))
+
+
+def test_save_and_load_copy_the_state_across_the_bus():
+    x0, grads = R.data(np.float32, n=12, steps=3)
+    xd = _dev(x0.copy())
+    s = no.setup(no.AdamW(0.01, weight_decay=0.1), xd)
+    s, xd = no.update_(s, xd, _dev(grads[0]))
+    host = s.to_host()
+    assert type(host) is no.Leaf and host.t == 1 and isinstance(host.arrays[0], np.ndarray)
+    s2 = pickle.loads(pickle.dumps(s))
+    assert type(s2) is nc.DeviceLeaf and s2.t == 1
+    xd2 = _dev(_host(xd))
+    for g in grads[1:]:
+        s, xd = no.update_(s, xd, _dev(g))
+        s2, xd2 = no.update_(s2, xd2, _dev(g))
+    assert _host(xd).tobytes() == _host(xd2).tobytes()
+    back = nc.DeviceLeaf.from_host(host)
+    assert _host(back.arrays[1]).tobytes() == host.arrays[1].tobytes()
+
+    xs, gs = _leaves(steps=1)
+    xd = [_dev(x.copy()) for x in xs]
+    grp = no.setup_device_group(no.Adam(0.1), xd)
+    grp, xd = no.update_(grp, xd, [_dev(a) for a in gs[0]])
+    leaves = grp.to_host()
+    assert [lf.shape for lf in leaves] == SHAPES and all(lf.t == 1 for lf in leaves)
+    g2 = nc.DeviceGroup.from_host(leaves, xd)
+    for i in range(len(SHAPES)):
+        assert all(_host(a).tobytes() == _host(b).tobytes() for a, b in zip(grp.state(i).values(),
+                                                                            g2.state(i).values()))
+
+
+def test_gpu_check_script_runs_end_to_end_in_simulator_mode(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    import gpu_check
+    out = tmp_path / "gpu.json"
+    report = gpu_check.main(["--sim", "--json", str(out)])
+    assert out.exists() and report["rules_failed"] == []
+    assert report["rules_checked"] >= 30
+    kinds = {r["case"] for r in report["timings"]}
+    assert {"copy", "adam"} <= kinds and any(r["leaves"] > 1 for r in report["timings"])
