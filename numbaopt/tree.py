@@ -348,10 +348,8 @@ def walk_leaves(node, obj, prefix, out, none_ok: bool, path=()):
 
 
 def _describe(node) -> str:
-    if node.type is not None:
-        return f"{node.spec.name} {node.type.__name__}" if node.spec.name not in ("dict", "list", "tuple") \
-            else node.type.__name__
-    return node.tname
+    name = node.tname.rpartition(":")[2].rpartition(".")[2]
+    return name if node.spec.name in ("dict", "list", "tuple") else f"{node.spec.name} {name}"
 
 
 def rebuild(node, obj, new: dict, inplace: bool):
@@ -412,7 +410,7 @@ class StateNode:
             raise AttributeError(name)
         node = self._node
         if node.spec is not None:
-            i = node.find(("attr",), name)
+            i = node.find(("attr", "key"), name)  # dict keys too: state.encoder for model['encoder']
             if i is not None:
                 return self._child(i)
         raise AttributeError(f"state{where('', self._path)} has no attribute {name!r}")

@@ -1,0 +1,117 @@
+"""save/load of tree states: bitwise continuation, atomic writes, clear errors on bad files."""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+import numbaopt as no
+
+
+@dataclasses.dataclass
+class Net:
+    layers: list
+    scale: float
+
+
+def _model():
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    return Net(layers=[{"w": w, "b": np.zeros(3, np.float32)}, {"w": w, "b": np.ones(3)}], scale=0.5)
+
+
+def _grads(rng):
+    return Net(layers=[{"w": rng.standard_normal((2, 3)).astype(np.float32), "b": rng.standard_normal(3).astype(np.float32)},
+                       {"w": rng.standard_normal((2, 3)).astype(np.float32), "b": None}], scale=float(rng.standard_normal()))
+
+
+def test_round_trip_continues_bitwise(tmp_path):
+    rule = lambda path, x: no.Momentum(lr=0.1) if path[-1].key == "b" else no.Adam(lr=0.01)  # noqa: E731
+    rng = np.random.default_rng(0)
+    grads = [_grads(rng) for _ in range(4)]
+    m1 = _model()
+    s1 = no.setup(rule, m1)
+    for g in grads:
+        s1, m1 = no.update_(s1, m1, g)
+
+    m2 = _model()
+    s2 = no.setup(rule, m2)
+    for g in grads[:2]:
+        s2, m2 = no.update_(s2, m2, g)
+    no.freeze_(s2.layers[1].b)
+    no.thaw_(s2.layers[1].b)
+    path = tmp_path / "opt.npz"
+    no.save(path, s2)
+    s3 = no.load(path)
+    assert repr(s3) == repr(s2)
+    assert s3.layers[0].w is s3.layers[1].w  # the tie survives
+    for g in grads[2:]:
+        s3, m2 = no.update_(s3, m2, g)
+    np.testing.assert_array_equal(no.destructure(m1)[0], no.destructure(m2)[0])
+    assert m2.layers[0]["w"] is m2.layers[1]["w"]
+    assert s3.layers[0].w.t == 4 and s3.layers[1].b.t == 0
+    np.testing.assert_array_equal(s3.layers[0].w.state["v"], s1.layers[0].w.state["v"])
+
+
+def test_frozen_flags_and_hyperparameters_survive(tmp_path):
+    model = {"a": np.ones(2), "b": np.ones(2)}
+    state = no.adjust(no.setup(no.Adam(), model), lr=0.25)
+    no.freeze_(state.a)
+    no.save(tmp_path / "s.npz", state)
+    back = no.load(tmp_path / "s.npz")
+    assert back.b.rule.lr == 0.25 and back._frozen.tolist() == [True, False]
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "s.npz"
+    state = no.setup(no.Descent(), {"w": np.ones(3)})
+    no.save(path, state)
+    old = path.read_bytes()
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        no.save(path, state)
+    assert path.read_bytes() == old
+    assert sorted(os.listdir(tmp_path)) == ["s.npz"]  # no temporary file left behind
+
+
+def test_corrupt_and_mismatched_files(tmp_path):
+    path = tmp_path / "s.npz"
+    no.save(path, no.setup(no.Adam(), {"w": np.ones(3)}))
+    raw = path.read_bytes()
+    (tmp_path / "trunc.npz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="not a readable numbaopt state file"):
+        no.load(tmp_path / "trunc.npz")
+    np.savez(tmp_path / "other.npz", x=np.ones(2))
+    with pytest.raises(ValueError, match="load:"):
+        no.load(tmp_path / "other.npz")
+
+    def rewrite(name, edit):
+        with np.load(path) as z:
+            data = {k: z[k] for k in z.files}
+        header = json.loads(bytes(data["__header__"]).decode())
+        edit(header, data)
+        data["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+        np.savez(tmp_path / name, **data)
+        return tmp_path / name
+
+    with pytest.raises(ValueError, match="format version"):
+        no.load(rewrite("v.npz", lambda h, d: h.update(version=99)))
+    with pytest.raises(ValueError, match="state array 0"):
+        no.load(rewrite("a.npz", lambda h, d: d.update(g0_a0=np.ones(5, np.float64))))
+    with pytest.raises(ValueError, match="not a numbaopt Rule"):
+        no.load(rewrite("r.npz", lambda h, d: h["groups"][0]["rule"].update(rule="os:getcwd")))
+    with pytest.raises(ValueError, match="unknown code"):
+        no.load(rewrite("m.npz", lambda h, d: h["groups"][0]["rule"].update(rule="no_such_module:X")))
+    with pytest.raises(ValueError, match="hyperparameter lr"):
+        no.load(rewrite("h.npz", lambda h, d: h["groups"][0]["rule"]["values"].update(lr=-1.0)))
+
+    # a loaded state still checks the model it is used with
+    state = no.load(path)
+    with pytest.raises(ValueError, match=r"model\['w'\]: shape \(4,\)"):
+        no.update_(state, {"w": np.ones(4)}, {"w": np.ones(4)})
+    with pytest.raises(TypeError, match=r"model: expected dict, got list"):
+        no.update_(state, [np.ones(3)], [np.ones(3)])
