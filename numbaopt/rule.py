@@ -167,9 +167,11 @@ class Rule(metaclass=_RuleMeta):
 
     def __init__(self, *args, **kwargs):
         names = list(self._hypers) + list(self._options)
-        if len(args) > len(names):
-            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional arguments")
-        for n, a in zip(names, args):
+        positional = list(self._hypers)  # options are keyword-only: adding one never shifts call sites
+        if len(args) > len(positional):
+            raise TypeError(f"{type(self).__name__} takes at most {len(positional)} positional arguments "
+                            f"({', '.join(positional)}); options are keyword-only")
+        for n, a in zip(positional, args):
             if n in kwargs:
                 raise TypeError(f"{type(self).__name__}: {n} given twice")
             kwargs[n] = a

@@ -674,12 +674,13 @@ def LAMB(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
 
 def LARS(lr=1.0, weight_decay=0.0, trust_coefficient=1e-3, eps=0.0, momentum=0.9, nesterov=False):
     """LARS (You et al. 2017, optax's form): ``chain(WeightDecay(weight_decay),
-    TrustRatio(lr, trust_coefficient, eps), Trace(momentum, nesterov))``: ``u = g + wd*x`` scaled per array
-    by ``trust_coefficient * ||x|| / (||u|| + eps)`` and lr, then momentum. Same as
+    TrustRatio(lr, trust_coefficient, eps), Trace(momentum, nesterov=nesterov))``: ``u = g + wd*x`` scaled
+    per array by ``trust_coefficient * ||x|| / (||u|| + eps)`` and lr, then momentum. Same as
     ``optax.lars(lr, weight_decay, trust_coefficient=..., eps, momentum, nesterov)``.
     """
     from .chain import chain
-    return chain(WeightDecay(weight_decay), TrustRatio(lr, trust_coefficient, eps), Trace(momentum, nesterov))
+    return chain(WeightDecay(weight_decay), TrustRatio(lr, trust_coefficient, eps),
+                 Trace(momentum, nesterov=nesterov))
 
 
 class LookaheadSync(Rule):

@@ -220,5 +220,5 @@ def one_cycle(peak, steps, pct_start=0.25, div_factor=25.0, final_div_factor=1e4
     pct = _num("pct_start", pct_start, low=0.0, high=1.0)
     up = min(max(int(round(pct * steps)), 1), steps - 1)
     lo = peak / _num("div_factor", div_factor, low=1.0)
-    return join([cosine(lo, up, peak), cosine(peak, steps - up, lo / _num("final_div_factor", final_div_factor, low=1.0))],
-                [up + 1])
+    final = lo / _num("final_div_factor", final_div_factor, low=1.0)
+    return join([cosine(lo, up, peak), cosine(peak, steps - up, final)], [up + 1])

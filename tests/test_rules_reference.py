@@ -455,3 +455,31 @@ def test_composites_are_chains_with_user_names():
         no.LookaheadSync(k=2.5)
     assert no.AdaGrad(eps=1e-6).initial_accumulator == 1e-6  # Optimisers.jl ties the start to eps
     assert no.AdaGrad(eps=1e-6, initial_accumulator=0.0).initial_accumulator == 0.0
+
+
+def test_every_rule_documents_formula_and_correspondence():
+    from numbaopt import docs
+    for cls in docs.rule_classes():
+        assert cls.__doc__ and ("d = " in cls.__doc__ or "``d" in cls.__doc__), cls
+        assert cls.torch and cls.optax, cls
+    for f in docs.composites():
+        assert f.__doc__ and f.__name__ in no.__all__
+
+
+def test_committed_rules_doc_is_current():
+    import pathlib
+    from numbaopt import docs
+    path = pathlib.Path(__file__).resolve().parents[1] / "docs" / "rules.md"
+    assert path.read_text() == docs.render(), "regenerate: python -m numbaopt.docs > docs/rules.md"
+
+
+def test_custom_rules_doc_examples_run(tmp_path):
+    import pathlib
+    import re
+    import runpy
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "custom_rules.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "custom_rules_doc.py"  # rules are read from a real source file
+    script.write_text("\n".join(blocks))
+    runpy.run_path(str(script))
