@@ -172,10 +172,16 @@ _drivers: dict = {}
 _entries: dict = {}
 
 
+def _kernel_key(rules):
+    """Which compiled code serves these rules, within this process: the rule classes (a redefined class
+    is another object) and their options. Cheaper than ``codegen.rule_key``, which reads the sources."""
+    return tuple((type(r), tuple(sorted(r.option_values().items()))) for r in rules)
+
+
 def _driver_module(rules, dtype):
     """The driver module for this chain and dtype (generated, written and imported once)."""
     dtype = np.dtype(dtype)
-    key = (tuple(codegen.rule_key(r) for r in rules), dtype.str)
+    key = (_kernel_key(rules), dtype.str)
     mod = _drivers.get(key)
     if mod is not None:
         return mod
@@ -445,9 +451,9 @@ class _Problem:
         for r in rules:
             if hasattr(r, "setup_leaf") and not hasattr(r, "rules"):
                 raise TypeError(f"rule: {r!r} is a host-level wrapper; minimize needs a rule or chain")
-        key0 = tuple(codegen.rule_key(m) for m in rules[0].rules)
+        key0 = _kernel_key(rules[0].rules)
         for i, r in enumerate(rules[1:], 1):
-            if tuple(codegen.rule_key(m) for m in r.rules) != key0:
+            if _kernel_key(r.rules) != key0:
                 raise ValueError(f"rule[{i}]: {r!r} does not share rule types and options with rule[0] "
                                  f"{rules[0]!r}; one compiled kernel serves every row")
         self.spsa = jac if isinstance(jac, SPSA) else None
@@ -532,6 +538,68 @@ class _Problem:
         return (self.maxiter, self.gtol, self.ftol, self.sp, self.rng, self.XP, self.D)
 
 
+class _FnRef:
+    """An njit function's compiled addresses, handed to a driver as a first-class function.
+
+    Passing the dispatcher itself would make Numba look both addresses up on every call of the driver
+    (about 0.1 ms: two compile-result lookups); this object carries them, so a chunk costs microseconds.
+    Calls go through ``jit_addr`` (Numba's own calling convention), so exceptions raised in the user's
+    function propagate as usual. ``fn`` keeps the dispatcher (and its code) alive.
+    """
+
+    __slots__ = ("c_addr", "jit_addr", "fn", "ty")
+
+    def __init__(self, fn, ty):
+        from numba.experimental.function_type import _get_jit_address, _get_wrapper_address
+        sig = ty.signature
+        self.fn, self.ty = fn, ty
+        self.c_addr = _get_wrapper_address(fn, sig)
+        self.jit_addr = _get_jit_address(fn, sig)
+
+
+def _fnref_type(fty):
+    _register_fnref()
+    return _FnRefType[0](fty.signature)
+
+
+_FnRefType: list = []
+
+
+def _register_fnref():
+    """Register the Numba type of :class:`_FnRef` (once): a FunctionType whose unboxing reads the two
+    addresses from the object instead of looking them up."""
+    if _FnRefType:
+        return
+    from numba.core import cgutils
+    from numba.core import types as nt
+    from numba.experimental.function_type import FunctionModel
+    from numba.extending import NativeValue, register_model, typeof_impl, unbox
+
+    class FnRefType(nt.FunctionType):
+        pass
+
+    FnRefType.__module__ = __name__
+    FnRefType.__qualname__ = FnRefType.__name__ = "_FnRefTypeImpl"
+    globals()["_FnRefTypeImpl"] = FnRefType  # picklable by reference for Numba's cache index
+    register_model(FnRefType)(FunctionModel)
+
+    @typeof_impl.register(_FnRef)
+    def _typeof_fnref(val, c):
+        return FnRefType(val.ty.signature)
+
+    @unbox(FnRefType)
+    def _unbox_fnref(typ, obj, c):
+        sfunc = cgutils.create_struct_proxy(typ)(c.context, c.builder)
+        for field in ("c_addr", "jit_addr"):
+            a = c.pyapi.object_getattr_string(obj, field)
+            setattr(sfunc, field, c.pyapi.long_as_voidptr(a))
+            c.pyapi.decref(a)
+        sfunc.py_addr = c.builder.ptrtoint(obj, c.context.get_value_type(nt.voidptr))
+        return NativeValue(sfunc._getvalue())
+
+    _FnRefType.append(FnRefType)
+
+
 def _fn_type(f, argtypes, what):
     """``FunctionType`` of the njit function ``f`` for these argument types (compiling it if needed)."""
     from numba import types
@@ -556,11 +624,14 @@ def _compiled_entry(drv, p):
         fty, rt = _fn_type(p.fun, (arr,) + atys, "fun(x, *args)")
         if p.mode == "jac":
             jty, _ = _fn_type(p.jac, (arr, arr) + atys, "jac(x, grad_out, *args)")
-            jac = p.jac
+            jac = _FnRef(p.jac, jty)
+            jty = _fnref_type(jty)
         else:
             jty, jac = types.none, None
     if not isinstance(rt, (types.Float, types.Integer)) or isinstance(rt, types.Boolean):
         raise TypeError(f"fun must return a real scalar loss, but returns {rt}")
+    fun = _FnRef(p.fun, fty)
+    fty = _fnref_type(fty)
     sig = (fty, jty, numba.typeof(p.args)) + tuple(numba.typeof(a) for a in p._arrays()) + \
         (types.int64,) + tuple(numba.typeof(a) for a in p._tail())
     key = (id(drv), sig)
@@ -568,7 +639,7 @@ def _compiled_entry(drv, p):
     if entry is None:
         drv.compile(sig)
         entry = _entries[key] = drv.overloads[sig].entry_point
-    return entry, p.fun, jac
+    return entry, fun, jac
 
 
 # ---------------------------------------------------------------------------------------------

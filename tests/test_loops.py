@@ -347,3 +347,15 @@ def test_driver_is_cached_across_processes(tmp_path):
     second, files2 = run()
     assert first == ["0", "1"] and second == ["1", "0"]
     assert files1 == files2
+
+
+def test_exception_in_compiled_objective_propagates():
+    @njit
+    def raises(x, g):
+        g[:] = 1.0
+        if x[0] < -0.5:
+            raise ValueError("objective left its domain")
+        return x[0]
+
+    with pytest.raises(ValueError, match="left its domain"):
+        no.minimize(raises, np.zeros(2), no.Descent(0.3), maxiter=10)
