@@ -437,64 +437,70 @@ class _Miss(Exception):
 
 
 def _gen_gather(s, order):
-    """Source of ``gather(m, g) -> (model leaves, grad leaves)`` for the trained positions ``order``."""
+    """Source of ``gather(m, g) -> (model leaves, grad leaves)`` for the trained positions ``order``.
+
+    Gradient containers are checked (exact type, and length for dict/list/tuple) so that the fast
+    path accepts exactly what the general path accepts; model containers are not: the model's leaves
+    are compared by identity with the plan's in compiled code, which is what in-place writing needs.
+    Containers used by several leaves get a local variable; the others are inlined.
+    """
     consts = {"_Miss": _Miss}
     lines = ["def gather(m, g):"]
     root = s.root
     if root.spec is not None and root.type is list and len(root.children) == len(order) and \
             order == list(range(len(order))) and all(c.spec is None for c in root.children):
         # a flat list of trained leaves: the lists themselves (their lengths are checked in compiled code)
-        lines += ["    if type(m) is not list or type(g) is not list:", "        raise _Miss", "    return m, g"]
+        lines += ["    if type(g) is not list:", "        raise _Miss", "    return m, g"]
         return "\n".join(lines), consts
     want = set(order)
     exprs = {}
     counter = [0]
 
-    def emit(node, mv, gv, ind):
+    def access(node, i, e, var, k):
+        if node.spec.name not in ("dict", "list", "tuple", "namedtuple", "dataclass", "frozen dataclass"):
+            return f"{var}_c{k}[{i}][1]"
+        if e.kind == "attr":
+            return f"{var}.{e.key}"
+        if e.kind == "index":
+            return f"{var}[{e.key}]"
+        if type(e.key) in (str, int, float, bool) or e.key is None:
+            return f"{var}[{e.key!r}]"
+        kn = f"K{k}_{i}"
+        consts[kn] = e.key
+        return f"{var}[{kn}]"
+
+    def emit(node, mv, gv):
         if node.spec is None:
-            if node.pos in want:
-                exprs[node.pos] = (mv, gv)
-            return
-        if not any(p in want for p in range(node.lo, node.hi)):
+            exprs[node.pos] = (mv, gv)
             return
         k = counter[0]
         counter[0] += 1
         consts[f"T{k}"] = node.type
-        lines.append(f"{ind}if type({mv}) is not T{k} or type({gv}) is not T{k}:")
-        lines.append(f"{ind}    raise _Miss")
+        lines.append(f"    if type({gv}) is not T{k}:")
+        lines.append("        raise _Miss")
         name = node.spec.name
         if name in ("dict", "list", "tuple"):
-            lines.append(f"{ind}if len({mv}) != {len(node.children)} or len({gv}) != {len(node.children)}:")
-            lines.append(f"{ind}    raise _Miss")
-        custom = name not in ("dict", "list", "tuple", "namedtuple", "dataclass", "frozen dataclass")
-        if custom:
+            lines.append(f"    if len({gv}) != {len(node.children)}:")
+            lines.append("        raise _Miss")
+        if name not in ("dict", "list", "tuple", "namedtuple", "dataclass", "frozen dataclass"):
             consts[f"C{k}"] = node.spec.children
-            lines.append(f"{ind}cm{k} = C{k}({mv})")
-            lines.append(f"{ind}cg{k} = C{k}({gv})")
+            lines.append(f"    m{k}_c{k} = C{k}({mv})")
+            lines.append(f"    g{k}_c{k} = C{k}({gv})")
+            mv, gv = f"m{k}", f"g{k}"
         for i, (e, c) in enumerate(zip(node.entries, node.children)):
             if not any(p in want for p in range(c.lo, c.hi)):
                 continue
-            if custom:
-                am, ag = f"cm{k}[{i}][1]", f"cg{k}[{i}][1]"
-            elif e.kind == "attr":
-                am, ag = f"{mv}.{e.key}", f"{gv}.{e.key}"
-            elif e.kind == "index":
-                am, ag = f"{mv}[{e.key}]", f"{gv}[{e.key}]"
-            else:
-                kn = f"K{k}_{i}"
-                consts[kn] = e.key
-                am, ag = f"{mv}[{kn}]", f"{gv}[{kn}]"
-            if c.spec is None:
-                exprs[c.pos] = (am, ag)
-            else:
+            am, ag = access(node, i, e, mv, k), access(node, i, e, gv, k)
+            if c.spec is not None:
                 v = counter[0]
-                lines.append(f"{ind}m{v}_ = {am}")
-                lines.append(f"{ind}g{v}_ = {ag}")
-                emit(c, f"m{v}_", f"g{v}_", ind)
+                lines.append(f"    g{v}_ = {ag}")
+                ag = f"g{v}_"
+                if sum(1 for p in range(c.lo, c.hi) if p in want) > 1:
+                    lines.append(f"    m{v}_ = {am}")
+                    am = f"m{v}_"
+            emit(c, am, ag)
 
-    emit(root, "m", "g", "    ")
-    if root.spec is None:
-        exprs[root.pos] = ("m", "g")
+    emit(root, "m", "g")
     lines.append(f"    return [{', '.join(exprs[p][0] for p in order)}], [{', '.join(exprs[p][1] for p in order)}]")
     return "\n".join(lines), consts
 

@@ -406,7 +406,9 @@ class StateNode:
         return StateNode(self._tree, node, path)
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        if name[:1] == "_":
+            # cheap refusal: hasattr/getattr probes (e.g. api's _numbaopt_update) come on every step;
+            # a field named _x is reached as state["_x"]
             raise AttributeError(name)
         node = self._node
         if node.spec is not None:
@@ -418,7 +420,7 @@ class StateNode:
     def __getitem__(self, key):
         node = self._node
         if node.spec is not None:
-            i = node.find(("key", "index"), key)
+            i = node.find(("key", "index", "attr"), key)
             if i is not None:
                 return self._child(i)
         raise KeyError(f"state{where('', self._path)} has no item {key!r}")

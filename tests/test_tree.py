@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import numbaopt as no
+from numbaopt import engine
 
 
 def adam_ref(x, g, m, v, t, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
@@ -374,3 +375,45 @@ def test_scheduled_lr_on_a_tree():
     # leaf 0 took steps 1 and 2; leaf 1 only its step 1 (at the second call)
     np.testing.assert_allclose(model[0], 1 - sched(1) - sched(2))
     np.testing.assert_allclose(model[1], 1 - sched(1))
+
+
+class Pair:
+    """A user container registered below (immutable: no setitem)."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+no.register_container(Pair, lambda p: [("a", p.a), ("b", p.b)], lambda p, vals: Pair(*vals))
+
+
+def test_fast_path_on_nested_containers_matches_general_path(monkeypatch):
+    rng = np.random.default_rng(7)
+
+    def make():
+        r = np.random.default_rng(1)
+        f = lambda *s: r.standard_normal(s).astype(np.float32)  # noqa: E731
+        return {"enc": [Layer(f(2, 3), f(3)), Layer(f(3, 3), f(3))], "pt": Point(f(2), "tag"),
+                "pair": Pair(f(4), (f(1), 3)), 5: f(2)}
+
+    def grads_for(m):
+        g = lambda x: rng.standard_normal(x.shape).astype(np.float32)  # noqa: E731
+        return {"enc": [Layer(g(L.w), g(L.b)) for L in m["enc"]], "pt": Point(g(m["pt"].x), None),
+                "pair": Pair(g(m["pair"].a), (g(m["pair"].b[0]), None)), 5: g(m[5])}
+
+    fast_m, ref_m = make(), make()
+    s_fast, s_ref = no.setup(no.Adam(lr=0.1), fast_m), no.setup(no.Adam(lr=0.1), ref_m)
+    for _ in range(3):
+        g = grads_for(fast_m)
+        s_fast, out = no.update_(s_fast, fast_m, g)
+        assert out is fast_m
+        s_ref, ref_m = no.update(s_ref, ref_m, g)
+        np.testing.assert_array_equal(no.destructure(fast_m)[0], no.destructure(ref_m)[0])
+    assert s_fast._fast is not None
+    with monkeypatch.context() as mp:  # the next good step must not reach the general path
+        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        no.update_(s_fast, fast_m, grads_for(fast_m))
+    g = grads_for(fast_m)
+    g["pair"] = (g["pair"].a, g["pair"].b)
+    with pytest.raises(TypeError, match=r"grads\['pair'\]: expected .*Pair, got tuple"):
+        no.update_(s_fast, fast_m, g)
