@@ -448,9 +448,11 @@ class _Problem:
             rules = [as_rule(r) for r in rule]
         else:
             rules = [as_rule(rule)]
+        from .chain import Chain
+        from .rule import Rule
         for r in rules:
-            if hasattr(r, "setup_leaf") and not hasattr(r, "rules"):
-                raise TypeError(f"rule: {r!r} is a host-level wrapper; minimize needs a rule or chain")
+            if not isinstance(r, (Rule, Chain)):  # host-level wrappers keep state outside the kernels
+                raise TypeError(f"rule: {r!r} is a host-level wrapper; minimize needs a rule or a chain")
         key0 = _kernel_key(rules[0].rules)
         for i, r in enumerate(rules[1:], 1):
             if _kernel_key(r.rules) != key0:
@@ -702,11 +704,24 @@ def _message(code, rules):
     return f"{type(rule).__name__}: {msg}"
 
 
-def _finish_spsa(p):
-    """SPSA never evaluates fun at x_k itself: evaluate the final iterates once."""
+def _finish(p):
+    """Make ``fun`` the loss at the final ``x`` where the loop did not evaluate it: every row under
+    SPSA (it never evaluates fun at x_k itself), rows stopped by the callback (x moved after the last
+    evaluation)."""
     for r in range(p.B):
         it = p.I[r, 0]
-        f = float(p.fun(p.X[r], *p.args))
+        if p.mode == "spsa":
+            f = float(p.fun(p.X[r], *p.args))
+        elif p.I[r, 3] == CALLBACK:
+            g = p.G[r]
+            if p.mode == "fg":
+                f = float(p.fun(p.X[r], g, *p.args))
+            else:
+                f = float(p.fun(p.X[r], *p.args))
+                p.jac(p.X[r], g, *p.args)
+            p.F[r, 2] = _driver_module(p.rules[0].rules, p.dtype)._gnorm(g)
+        else:
+            continue
         p.F[r, 0] = f
         p.H[r, it] = f
 
@@ -740,13 +755,13 @@ def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=
     p = _Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False)
 
     def snapshot():
+        # between chunks x is x_nit (stepped), evaluated up to x_(nit-1): fun is history[-1]
         it = int(p.I[0, 0])
         return OptimizeResult(x=p.X[0], fun=float(p.F[0, 0]), nit=it, grad_norm=float(p.F[0, 2]),
-                              history=p.H[0, :it + 1], t=int(p.I[0, 1]))
+                              history=p.H[0, :it], t=int(p.I[0, 1]))
 
     _run(p, compiled, callback, callback_every, progress, snapshot)
-    if p.mode == "spsa":
-        _finish_spsa(p)
+    _finish(p)
     it, t, skipped, code = (int(v) for v in p.I[0])
     per_eval = 2 if p.mode == "spsa" else 1
     nfev = (it * per_eval + 1) if p.mode == "spsa" else it + 1
@@ -777,8 +792,7 @@ def minimize_batch(fun, X0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6,
         return _batch_result(p, live=True)
 
     _run(p, compiled, callback, callback_every, progress, snapshot)
-    if p.mode == "spsa":
-        _finish_spsa(p)
+    _finish(p)
     return _batch_result(p, live=False)
 
 

@@ -175,6 +175,8 @@ def test_callback_every_k_and_stop():
                       callback_every=10)
     assert [s[0] for s in seen] == [10, 20, 30]
     assert res.status == loops.CALLBACK and res.nit == 30 and res.message == "stopped by the callback"
+    assert res.fun == quad_f(res.x, C) and res.history.shape == (31,) and res.history[-1] == res.fun
+    assert seen[-1][1] == res.history[29]  # a snapshot's fun is the last evaluated loss
 
     def stop(res):
         raise StopIteration
