@@ -20,6 +20,7 @@ their leaves in one group (one dtype): otherwise ``setup`` raises ``NotImplement
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -124,6 +125,11 @@ class Structure:
         self.gather = None
 
 
+def _is_host(rule) -> bool:
+    """Host-level wrappers (MixedPrecision, AccumGrad...) make their own per-leaf state objects."""
+    return not isinstance(rule, (Rule, Chain)) and hasattr(rule, "setup_leaf")
+
+
 def _choose(rule):
     if isinstance(rule, (Rule, Chain)) or hasattr(rule, "setup_leaf"):
         return None, rule
@@ -138,6 +144,8 @@ def setup(rule, model) -> StateTree:
     s = Structure()
     paths, pos_param, pos_rule, values, infos = [], [], [], [], []
 
+    last_rule = [None, None]
+
     def on_leaf(path, x, trainable):
         try:
             info = param_info(x)
@@ -151,9 +159,14 @@ def setup(rule, model) -> StateTree:
         if info is not None and trainable:
             r = chooser(path, x) if chooser is not None else rule
             if r is not None:
-                r = as_rule(r)
-                if not hasattr(r, "setup_leaf"):
-                    check_param_dtype(info.dtype, where=f"model{path}")
+                if r is not last_rule[0]:  # as_rule probes attributes: once per distinct rule object
+                    last_rule[:] = [r, as_rule(r)]
+                r = last_rule[1]
+                if not _is_host(r):
+                    try:
+                        check_param_dtype(info.dtype)
+                    except TypeError:  # the path is formatted only for the message
+                        check_param_dtype(info.dtype, where=f"model{path}")
                 if info.backend != "cpu":
                     raise NotImplementedError(f"model{path}: a {info.kind} leaf needs the {info.backend!r} "
                                               "backend, which the tree engine does not drive yet")
@@ -191,17 +204,26 @@ def setup(rule, model) -> StateTree:
     s.u_host = [False] * s.n_unique
     host = {}
     by_key: dict = {}
+    distinct, id_map = [], {}  # rules compared once per distinct object, not hashed per leaf
     for u, r in enumerate(u_rule):
-        if hasattr(r, "setup_leaf"):
+        if _is_host(r):
             p = s.u_positions[u][0]
             host[u] = r.setup_leaf(infos[p].to_array(values[p]))
             s.u_host[u] = True
             continue
-        by_key.setdefault((r, s.u_dtype[u]), []).append(u)
+        ri = id_map.get(id(r))
+        if ri is None:
+            ri = next((i for i, d in enumerate(distinct) if d == r), None)
+            if ri is None:
+                ri = len(distinct)
+                distinct.append(r)
+            id_map[id(r)] = ri
+        by_key.setdefault((ri, s.u_dtype[u]), []).append(u)
     groups = []
-    for (r, dt), members in by_key.items():
+    for (ri, dt), members in by_key.items():
+        r = distinct[ri]
         gi = len(groups)
-        sizes = [int(np.prod(s.u_shape[u], dtype=np.int64)) for u in members]
+        sizes = [math.prod(s.u_shape[u]) for u in members]
         try:
             groups.append(Group(r, dt, members, sizes))
         except TypeError as e:
