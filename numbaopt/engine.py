@@ -614,10 +614,8 @@ def _adjusted_rules(state, hyper):
         for r in g.rule.rules:
             valid |= set(r._hypers)
             options |= set(r._options)
-    for u, h in state._host.items():
-        rr = getattr(h, "rule", None)
-        for r in getattr(rr, "rules", ()):
-            valid |= set(r._hypers)
+    for h in state._host.values():
+        valid |= _host_hypers(h)
     for n in hyper:
         if n not in valid:
             if n in options:
@@ -631,19 +629,29 @@ def _adjusted_rules(state, hyper):
     return out
 
 
+def _host_hypers(h) -> set:
+    """Hyperparameter names a wrapped leaf's state can adjust: through its ``_numbaopt_adjust_`` hook
+    (names from its ``rule``), else through its ``inner`` state (MixedPrecision, AccumGrad)."""
+    inner = getattr(h, "inner", None)
+    rule = getattr(inner, "rule", None) if getattr(h, "_numbaopt_adjust_", None) is None else \
+        getattr(h, "rule", None)
+    return {n for r in getattr(rule, "rules", ()) for n in getattr(r, "_hypers", ())}
+
+
 def adjust_(state, **hyper):
     """Change hyperparameters in place (see :func:`numbaopt.adjust_`); never recompiles."""
     _check_state(state, "adjust_")
     rules = _adjusted_rules(state, hyper)
     for u, h in state._host.items():
-        if not any(n in {m for r in getattr(getattr(h, "rule", None), "rules", ()) for m in r._hypers}
-                   for n in hyper):
+        kw = {k: v for k, v in hyper.items() if k in _host_hypers(h)}
+        if not kw:
             continue
         hook = getattr(h, "_numbaopt_adjust_", None)
-        if hook is None:
-            raise NotImplementedError(f"state{state._s.paths[state._s.u_positions[u][0]]}: "
-                                      f"{type(h).__name__} cannot be adjusted (no _numbaopt_adjust_)")
-        hook(**hyper)
+        if hook is not None:
+            hook(**kw)
+        else:
+            from . import api
+            api.adjust_(h.inner, **kw)
     for g, r in zip(state._groups, rules):
         if r is not g.rule:
             g._set_rule(r)
@@ -661,9 +669,25 @@ def adjust(state, **hyper):
 
 def copy_state(state) -> StateTree:
     """A deep copy of a state tree (new arenas, step counts, frozen flags)."""
-    import copy as _copy
-    host = {u: _copy.deepcopy(h) for u, h in state._host.items()}
+    host = {u: _copy_host(h) for u, h in state._host.items()}
     return StateTree(state._s, [g.copy() for g in state._groups], state._frozen.copy(), host)
+
+
+def _copy_host(h):
+    """A wrapped leaf's state with its arrays and inner state copied (the wrapper rule is shared)."""
+    import copy as _copy
+    hook = getattr(h, "_numbaopt_copy", None)
+    if hook is not None:
+        return hook()
+    new = _copy.copy(h)
+    names = [n for c in type(h).__mro__ for n in getattr(c, "__slots__", ())] + list(getattr(h, "__dict__", {}))
+    for n in names:
+        v = getattr(h, n, None)
+        if isinstance(v, np.ndarray):
+            setattr(new, n, v.copy())
+        elif isinstance(v, Leaf) or hasattr(v, "_numbaopt_update"):
+            setattr(new, n, v.copy() if isinstance(v, Leaf) else _copy_host(v))
+    return new
 
 
 def _units_of(sub, fname):

@@ -101,9 +101,15 @@ def _is_device_array(x) -> bool:
 
 def _is_torch_tensor(x) -> bool:
     for t in type(x).__mro__:
-        if t.__name__ == "Tensor" and (t.__module__ or "").startswith("torch"):
+        mod = t.__module__ or ""
+        if t.__name__ == "Tensor" and (mod == "torch" or mod.startswith("torch.")):
             return True
     return False
+
+
+def _torch_from_array(a, old):
+    import sys
+    return sys.modules["torch"].from_numpy(a)  # torch is imported: the leaf is a tensor
 
 
 @param_info.register(np.ndarray)
@@ -172,6 +178,7 @@ def _register_torch(cls):
         if a.dtype.kind not in "fc":
             return None
         return ParamInfo(dtype=a.dtype, shape=a.shape, writeable=a.flags.writeable,
-                         to_array=lambda t: t.detach().numpy(), kind="torch.Tensor")
+                         to_array=lambda t: t.detach().numpy(), from_array=_torch_from_array,
+                         kind="torch.Tensor")
 
     param_info.register(cls)(_torch)

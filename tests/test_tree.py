@@ -417,3 +417,43 @@ def test_fast_path_on_nested_containers_matches_general_path(monkeypatch):
     g["pair"] = (g["pair"].a, g["pair"].b)
     with pytest.raises(TypeError, match=r"grads\['pair'\]: expected .*Pair, got tuple"):
         no.update_(s_fast, fast_m, g)
+
+
+def test_adjust_reaches_wrapped_leaves():
+    model = {"h": np.ones(2, np.float16), "w": np.ones(2)}
+    rule = lambda path, x: no.MixedPrecision(np.float32, no.Descent(0.5)) if x.dtype == np.float16 \
+        else no.Descent(0.5)  # noqa: E731
+    state = no.setup(rule, model)
+    new = no.adjust(state, lr=0.25)
+    assert new["h"].inner.rule.lr == 0.25 and state["h"].inner.rule.lr == 0.5
+    new, out = no.update(new, model, {"h": np.ones(2, np.float16), "w": np.ones(2)})
+    assert np.all(out["h"] == 0.75) and np.all(out["w"] == 0.75)
+
+
+def test_torch_like_tensors_are_written_in_place(monkeypatch):
+    import sys
+    import types
+
+    class Tensor:  # the interface of a CPU torch tensor that the trait uses
+        __module__ = "torch"
+
+        def __init__(self, a):
+            self._a, self.device = a, types.SimpleNamespace(type="cpu")
+
+        def detach(self):
+            return self
+
+        def numpy(self):
+            return self._a
+
+    fake = types.ModuleType("torch")
+    fake.from_numpy = Tensor
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    t = Tensor(np.ones(3, np.float32))
+    model = {"t": t}
+    state = no.setup(no.Descent(0.5), model)
+    s2, pure = no.update(state, model, {"t": Tensor(np.ones(3, np.float32))})
+    assert type(pure["t"]) is Tensor and pure["t"] is not t and np.all(t._a == 1)
+    np.testing.assert_array_equal(pure["t"]._a, 0.5)
+    state, out = no.update_(state, model, {"t": np.ones(3, np.float32)})
+    assert out["t"] is t and np.all(t._a == 0.5)
