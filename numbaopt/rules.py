@@ -703,7 +703,7 @@ class LookaheadSync(Rule):
     @staticmethod
     def prepare(t, k):
         first = 1.0 if t == 1.0 else 0.0
-        sync = 1.0 if t - k * math.floor(t / k) == 0.0 else 0.0
+        sync = 1.0 if t % k == 0.0 else 0.0
         return first, sync
 
     @staticmethod

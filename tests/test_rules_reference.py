@@ -483,3 +483,79 @@ def test_custom_rules_doc_examples_run(tmp_path):
     script = tmp_path / "custom_rules_doc.py"  # rules are read from a real source file
     script.write_text("\n".join(blocks))
     runpy.run_path(str(script))
+
+
+def _tree(rng, dtype=np.float64):
+    return {"enc": {"w": rng.standard_normal((3, 4)).astype(dtype), "b": rng.standard_normal(4).astype(dtype)},
+            "dec": rng.standard_normal(5).astype(dtype)}
+
+
+def _leaves(t):
+    return [t["enc"]["w"], t["enc"]["b"], t["dec"]]
+
+
+def test_skip_nonfinite_over_a_tree_leaves_model_and_state_unchanged():
+    rng = np.random.default_rng(3)
+    model, g1, g3 = _tree(rng), _tree(rng), _tree(rng)
+    s, m = no.update(no.setup(no.SkipNonFinite(no.Adam(0.1)), model), model, g1)
+    bad = _tree(rng)
+    bad["dec"][2] = np.inf  # one element of one leaf
+    s_bad, m_bad = no.update(s, m, bad)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(m_bad), _leaves(m)))
+    # the skipped step left the state as it was: the next good step is the same from either state
+    _, m_a = no.update(s, m, g3)
+    _, m_b = no.update(s_bad, m_bad, g3)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(_leaves(m_a), _leaves(m_b)))
+    s_bad, _ = no.update_(s_bad, m_bad, bad)
+    assert "skipped=2" in repr(s_bad)
+
+
+def test_clip_global_norm_uses_one_norm_over_the_tree():
+    rng = np.random.default_rng(4)
+    model, g = _tree(rng), _tree(rng)
+    s = no.setup(no.chain(no.ClipGlobalNorm(1.0), no.Descent(1.0)), model)
+    s2 = no.setup(no.chain(no.ClipNorm(1.0), no.Descent(1.0)), model)
+    _, m = no.update(s, model, g)
+    _, m2 = no.update(s2, model, g)
+    n = np.sqrt(sum((a * a).sum() for a in _leaves(g)))
+    for x0, x1, x2, gl in zip(_leaves(model), _leaves(m), _leaves(m2), _leaves(g)):
+        np.testing.assert_allclose(x1, x0 - gl / n, rtol=1e-12)
+        np.testing.assert_allclose(x2, x0 - gl / np.linalg.norm(gl), rtol=1e-12)  # per array
+    bad = _tree(rng)
+    bad["enc"]["b"][0] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        no.update_(s, model, bad)
+
+
+@pytest.mark.slow
+def test_float32_catalog_kernels_contain_no_float64(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent("""
+        import numpy as np, numbaopt as no
+        rules = [no.Momentum(lr_outside=True), no.RMSProp(eps_in_sqrt=True, centred=True),
+                 no.AdaGrad(eps_in_sqrt=True), no.Rprop(), no.RAdam(), no.AdaMax(), no.OAdam(), no.AdaDelta(),
+                 no.AMSGrad(correction="torch"), no.AMSGrad(correction="optax"), no.NAdam(), no.AdaBelief(),
+                 no.Lion(), no.SignDecay(), no.Yogi(), no.Adan(), no.Signum(), no.Trace(nesterov=True),
+                 no.LAMBDirection(), no.Lookahead(no.Adam())]
+        cplx = [no.Adan(), no.AMSGrad(correction="optax"), no.RMSProp(eps_in_sqrt=True, centred=True)]
+        for dtype, rs in ((np.float32, rules), (np.complex64, cplx)):
+            for r in rs:
+                x = np.ones(8, dtype)
+                s, _ = no.update_(no.setup(r, x), x.copy(), x)
+                for ir in s.kernels().inplace.inspect_llvm().values():
+                    print(repr(r)[:40], dtype.__name__, "double" in ir or "fpext" in ir)
+        x = np.ones(8)
+        s, _ = no.update_(no.setup(no.Lion(), x), x.copy(), x)
+        print("control", any("double" in ir for ir in s.kernels().inplace.inspect_llvm().values()))
+    """)
+    env = dict(os.environ, NUMBAOPT_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[-1] == "control True" and len(lines) > 20
+    assert [ln for ln in lines[:-1] if not ln.endswith("False")] == []
