@@ -106,6 +106,17 @@ def _info(obj, where):
     return src, shape, dtype, int(cai["data"][0] or 0)
 
 
+def _torch_ptr(t):
+    return t.data_ptr()
+
+
+def _table_stale(objs, cached, table):
+    """Whether ``objs`` differ from the cached objects (identity), or a torch tensor among them moved."""
+    if cached is None or len(objs) != len(cached) or any(a is not b for a, b in zip(objs, cached)):
+        return True
+    return any(_kind(o) == "torch" and o.data_ptr() != table[i] for i, o in enumerate(objs))
+
+
 def _flat(src, n):
     """A 1-D Numba device view of a contiguous device array (no copy)."""
     from numba import cuda
@@ -307,16 +318,17 @@ class DeviceLeaf(Leaf):
                                 f"array it was set up for")
             raise TypeError(f"x: expected a device array, got {type(x).__name__}")
         cache = self._xcache
-        if cache is not None and cache[0] is x:
+        if cache is not None and cache[0] is x and (cache[2] is None or _torch_ptr(x) == cache[2]):
             x1 = cache[1]
         else:
-            xs, shape, dtype, _ = _info(x, "x")
+            xs, shape, dtype, addr = _info(x, "x")
             if dtype != self.dtype:
                 raise TypeError(f"x: dtype {dtype}, but the state was set up for {self.dtype}")
             if tuple(shape) != self.shape:
                 raise ValueError(f"x: shape {tuple(shape)}, but the state was set up for shape {self.shape}")
             x1 = _flat(xs, self.size)
-            self._xcache = (x, x1)
+            # a torch tensor can swap its storage under the same object (p.data = ...): recheck its address
+            self._xcache = (x, x1, addr if _kind(x) == "torch" else None)
         if not is_device_array(g):
             raise _host_side_error("g", g, type(x).__name__)
         gs, gshape, gdtype, _ = _info(g, "g")
@@ -452,6 +464,7 @@ class DeviceGroup:
         self._xaddr_dev = cuda.to_device(self._xaddr)
         self._gaddr_dev = cuda.to_device(self._gaddr)
         self._params = None  # the parameter objects whose addresses are in the table
+        self._grads = None  # the gradient objects whose addresses are in the table
 
     def __len__(self):
         return len(self.shapes)
@@ -491,11 +504,16 @@ class DeviceGroup:
     def _launch(self, params, grads):
         cc = _codegen()
         params, grads = list(params), list(grads)
-        if self._params is None or len(params) != len(self._params) or \
-                any(a is not b for a, b in zip(params, self._params)):
+        if _table_stale(params, self._params, self._xaddr):
+            self._params = None
             self._table(params, "params", self._xaddr, self._xaddr_dev)
             self._params = params
-        self._table(grads, "grads", self._gaddr, self._gaddr_dev)
+        # the same gradient objects as last step (persistent buffers): nothing to check or upload; the
+        # references held here keep their addresses from being reused by other arrays
+        if _table_stale(grads, self._grads, self._gaddr):
+            self._grads = None
+            self._table(grads, "grads", self._gaddr, self._gaddr_dev)
+            self._grads = grads
         sc = self.scratch
         if self.scheduled:
             self.layout.fill_hyper(self.hp, self.t + 1)
@@ -542,7 +560,7 @@ class DeviceGroup:
         g._gaddr = np.zeros_like(self._gaddr)
         g._xaddr_dev = cuda.to_device(g._xaddr)
         g._gaddr_dev = cuda.to_device(g._gaddr)
-        g._params = None
+        g._params = g._grads = None
         return g
 
     def update(self, params, grads):
@@ -559,7 +577,7 @@ class DeviceGroup:
                 _flat(src, int(np.prod(shape, dtype=np.int64))))
             outs.append(o)
         status, row = new._launch(outs, grads)
-        new._params = None  # the copies are the caller's now; never keep their addresses
+        new._params = new._grads = None  # the caller's arrays now: do not keep their addresses
         new._finish(status, row)
         return new, outs
 
