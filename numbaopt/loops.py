@@ -7,8 +7,9 @@ interpreted (the driver's ``py_func``), so both paths have the same semantics an
 objective, give bitwise identical iterates.
 
 How the driver is compiled and cached: for each (chain, dtype) the rule's kernels live in a generated
-module (:mod:`numbaopt.codegen`). This module writes, next to it, a small driver module that imports that
-kernel module's ``step`` by its content-hashed name and is compiled with ``cache=True``. The user's
+module (:mod:`numbaopt.codegen`). This module writes, next to it, a small driver module that imports
+that module's ``inplace`` kernel by its content-hashed name (a changed rule is a new kernel module, hence
+a new driver file: the cache never replays a stale step) and is compiled with ``cache=True``. The user's
 objective is passed to the driver as a first-class function (``numba.types.FunctionType`` of its
 signature), not as a dispatcher type: a dispatcher-typed argument misses Numba's cache in every new
 process and leaves a new cache file each time, while a function-typed one is an ordinary cached
@@ -17,7 +18,6 @@ code.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import sys
 import time
@@ -48,7 +48,7 @@ _DRIVER_TEMPLATE = '''
 import math
 import numpy as np
 from numba import njit
-from {kmod} import step as _step
+from {kmod} import inplace as _inplace
 
 _NJ = dict(error_model="numpy", nogil=True)
 
@@ -124,7 +124,7 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
                 break
             for j in range(idx.shape[0]):
                 hp[idx[j]] = tab[j, t]
-            status = _step(x, g, Sr, hp, t + 1)
+            status = _inplace(x, g, *Sr, hp, t + 1)  # the kernel itself: one call fewer than step
             if status == 0:
                 t += 1
                 fprev = f
