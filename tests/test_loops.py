@@ -361,3 +361,17 @@ def test_exception_in_compiled_objective_propagates():
 
     with pytest.raises(ValueError, match="left its domain"):
         no.minimize(raises, np.zeros(2), no.Descent(0.3), maxiter=10)
+
+
+def test_schedule_set_in_the_rule_matches_update_():
+    from numbaopt import schedules
+    if not hasattr(schedules, "linear"):
+        pytest.skip("schedules catalog not available")
+    rule = no.Adam(lr=schedules.linear(0.1, 0.01, 20))
+    res = no.minimize(quad, np.zeros(6), rule, args=(C,), maxiter=30, gtol=None)
+    x, g = np.zeros(6), np.empty(6)
+    state = no.setup(rule, x)
+    for _ in range(30):
+        quad(x, g, C)
+        state, x = no.update_(state, x, g)
+    assert np.array_equal(x, res.x)
