@@ -52,7 +52,7 @@ def timed(fn, reps):
     return out
 
 
-def side_by_side(fns: dict, reps: int, blocks: int = 5):
+def side_by_side(fns: dict, reps: int, blocks: int = 20):
     """Median µs per call of each function, measured in ``blocks`` interleaved rounds."""
     times = {k: [] for k in fns}
     for f in fns.values():  # warm up (compiles, plans)

@@ -126,17 +126,18 @@ def gather(ids, writeable, ndims, dimstart, dims, descrs, arraytype, out):
 
 
 @njit(cache=True, error_model="numpy")
-def gather_lists(plist, glist, pids, writeable, ndims, dimstart, dims, descrs, arraytype, dest, xout, gout):
+def gather_lists(plist, glist, tab, dims, arraytype, out):
     """The trees' fast path: validate parameter and gradient leaves given as two Python lists.
 
-    ``plist``/``glist`` are ``id()`` of two lists of ``len(pids)`` objects; their item pointers are read
-    directly (no Python ints are made). Parameter ``j`` must be the object ``pids[j]`` (the one seen
-    when the plan was made); both must pass the checks of :func:`gather` (parameters must be
-    writeable when ``writeable[j]``). Data pointers go to ``xout[dest[j]]``/``gout[dest[j]]``. Returns
-    -1, ``j`` for a failed leaf, or ``n`` when a list has the wrong length. Runs with the GIL held, so
-    the lists cannot change during the call.
+    ``plist``/``glist`` are ``id()`` of two lists of ``n = tab.shape[0]`` objects; their item pointers
+    are read directly (no Python ints are made). Row ``j`` of ``tab`` is ``(pid, writeable, ndim,
+    dimstart, descr, dest)``: parameter ``j`` must be the object ``pid`` (the one seen when the plan was
+    made); both leaves must pass the checks of :func:`gather` with shape ``dims[dimstart:dimstart +
+    ndim]``. Data pointers go to ``out[0, dest]`` and ``out[1, dest]``. Returns -1, ``j`` for a failed
+    leaf, or ``n`` when a list has the wrong length. Packed arguments: each array argument costs
+    dispatch time. Runs with the GIL held, so the lists cannot change during the call.
     """
-    n = pids.shape[0]
+    n = tab.shape[0]
     if _load_i64(plist + 16) != n or _load_i64(glist + 16) != n:
         return n
     pitems = _load_i64(plist + 24)
@@ -144,14 +145,14 @@ def gather_lists(plist, glist, pids, writeable, ndims, dimstart, dims, descrs, a
     for j in range(n):
         p = _load_i64(pitems + 8 * j)
         g = _load_i64(gitems + 8 * j)
-        if p != pids[j] or _load_i64(g + 8) != arraytype:
+        if p != tab[j, 0] or _load_i64(g + 8) != arraytype:
             return j
-        nd = ndims[j]
+        nd = tab[j, 2]
         if _load_i32(p + 24) != nd or _load_i32(g + 24) != nd:
             return j
         pd = _load_i64(p + 32)
         gd = _load_i64(g + 32)
-        s = dimstart[j]
+        s = tab[j, 3]
         for k in range(nd):
             if _load_i64(pd + 8 * k) != dims[s + k] or _load_i64(gd + 8 * k) != dims[s + k]:
                 return j
@@ -159,11 +160,11 @@ def gather_lists(plist, glist, pids, writeable, ndims, dimstart, dims, descrs, a
         gf = _load_i32(g + 64)
         if (pf & 0x101) != 0x101 or (gf & 0x101) != 0x101:
             return j
-        if writeable[j] and (pf & 0x400) == 0:
+        if tab[j, 1] != 0 and (pf & 0x400) == 0:
             return j
-        if _load_i64(p + 56) != descrs[j] or _load_i64(g + 56) != descrs[j]:
+        if _load_i64(p + 56) != tab[j, 4] or _load_i64(g + 56) != tab[j, 4]:
             return j
-        d = dest[j]
-        xout[d] = _load_i64(p + 16)
-        gout[d] = _load_i64(g + 16)
+        d = tab[j, 5]
+        out[0, d] = _load_i64(p + 16)
+        out[1, d] = _load_i64(g + 16)
     return -1

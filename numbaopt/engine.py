@@ -434,7 +434,7 @@ def update_(state, model, grads):
     active, new = _run_groups(state, state._groups, xu, iu, gu, True)
     _run_host(state, state._host, xu, gu, active, True, new)
     out = _new_model(state, model, new, True)
-    if state._fast is None and _abi.OK:
+    if _abi.OK:  # (re)plan for this model: the next step on it can take the fast path
         object.__setattr__(state, "_fast", _FastPlan.build(state, xu, iu, out))
     return state, out
 
@@ -530,8 +530,7 @@ def _gen_gather(s, order):
 class _FastPlan:
     """``update_`` on a model whose trained leaves are all writeable contiguous arrays."""
 
-    __slots__ = ("gather", "params", "pids", "writeable", "ndims", "dimstart", "dims", "descrs", "dest",
-                 "xaddr", "gaddr", "calls", "groups")
+    __slots__ = ("gather", "params", "tab", "dims", "out", "calls")
 
     @staticmethod
     def build(state, xu, iu, model):
@@ -550,30 +549,31 @@ class _FastPlan:
             s.gather = ns["gather"]
         fp = _FastPlan()
         fp.gather = s.gather
-        fp.groups = state._groups
         n = len(order)
         us = [s.pos_u[p] for p in order]
-        fp.params = [xu[u] for u in us]
-        fp.pids = np.array([id(x) for x in fp.params], dtype=np.int64)
-        fp.writeable = np.ones(n, dtype=np.bool_)
-        fp.ndims = np.array([len(s.u_shape[u]) for u in us], dtype=np.int32)
-        fp.dimstart = np.zeros(n, dtype=np.int64)
+        fp.params = [xu[u] for u in us]  # strong references: an id in the plan is never reused
+        ndims = [len(s.u_shape[u]) for u in us]
+        dimstart = np.zeros(n, dtype=np.int64)
         if n > 1:
-            np.cumsum(fp.ndims[:-1], out=fp.dimstart[1:])
+            np.cumsum(ndims[:-1], out=dimstart[1:])
         fp.dims = np.array([d for u in us for d in s.u_shape[u]] or [0], dtype=np.int64)
-        fp.descrs = np.array([id(np.dtype(s.u_dtype[u])) for u in us], dtype=np.int64)
         # destination slot: group-major, so each group's addresses are one contiguous slice
         start, acc = {}, 0
         for gi, g in enumerate(state._groups):
             start[gi] = acc
             acc += len(g.sizes)
-        fp.dest = np.array([start[s.u_group[u]] + s.u_j[u] for u in us], dtype=np.int64)
-        fp.xaddr = np.zeros(n, dtype=np.int64)
-        fp.gaddr = np.zeros(n, dtype=np.int64)
+        fp.tab = np.empty((n, 6), dtype=np.int64)
+        fp.tab[:, 0] = [id(x) for x in fp.params]
+        fp.tab[:, 1] = 1
+        fp.tab[:, 2] = ndims
+        fp.tab[:, 3] = dimstart
+        fp.tab[:, 4] = [id(np.dtype(s.u_dtype[u])) for u in us]
+        fp.tab[:, 5] = [start[s.u_group[u]] + s.u_j[u] for u in us]
+        fp.out = np.zeros((2, n), dtype=np.int64)
         calls = []
         for gi, g in enumerate(state._groups):
             a, b = start[gi], start[gi] + len(g.sizes)
-            calls.append((g, fp.xaddr[a:b], fp.gaddr[a:b]))
+            calls.append((g, fp.out[0, a:b], fp.out[1, a:b]))
         calls.sort(key=lambda c: not c[0].reducer)
         fp.calls = calls
         return fp
@@ -584,13 +584,11 @@ class _FastPlan:
             pl, gl = self.gather(model, grads)
         except Exception:
             return False
-        if _abi.gather_lists(id(pl), id(gl), self.pids, self.writeable, self.ndims, self.dimstart, self.dims,
-                             self.descrs, id(np.ndarray), self.dest, self.xaddr, self.gaddr) != -1:
+        if _abi.gather_lists(id(pl), id(gl), self.tab, self.dims, _ARRAY_TYPE, self.out) != -1:
             return False
         for g, xa, ga in self.calls:
-            if g.scheduled:
-                if g.ts.min() != g.ts.max():
-                    return False
+            if g.scheduled and g.ts.min() != g.ts.max():
+                return False
         for g, xa, ga in self.calls:
             if g.scheduled:
                 g.layout.fill_hyper(g.hp, int(g.ts[0]) + 1)
@@ -601,6 +599,9 @@ class _FastPlan:
                 else:
                     cpu.raise_status(g, status)
         return True
+
+
+_ARRAY_TYPE = id(np.ndarray)
 
 
 # --------------------------------------------------------------------------------------------------

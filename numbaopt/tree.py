@@ -393,6 +393,10 @@ class StateNode:
 
     __slots__ = ("_tree", "_node", "_path")
 
+    #: api.update/update_ probe this hook (host-level wrapper states have it) on every call: a class
+    #: attribute answers without raising AttributeError from __getattr__ (~2 µs)
+    _numbaopt_update = None
+
     def __init__(self, tree, node, path=()):
         object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_node", node)

@@ -457,3 +457,16 @@ def test_torch_like_tensors_are_written_in_place(monkeypatch):
     np.testing.assert_array_equal(pure["t"]._a, 0.5)
     state, out = no.update_(state, model, {"t": np.ones(3, np.float32)})
     assert out["t"] is t and np.all(t._a == 0.5)
+
+
+def test_fast_plan_follows_a_new_model(monkeypatch):
+    a = [np.ones(3), np.ones(2)]
+    state = no.setup(no.Descent(0.5), a)
+    state, a = no.update_(state, a, [np.ones(3), np.ones(2)])
+    b = copy.deepcopy(a)  # other arrays: the old plan cannot serve them
+    state, b = no.update_(state, b, [np.ones(3), np.ones(2)])
+    with monkeypatch.context() as mp:
+        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        state, b = no.update_(state, b, [np.ones(3), np.ones(2)])
+    np.testing.assert_array_equal(b[0], -0.5)
+    np.testing.assert_array_equal(a[0], 0.5)
