@@ -250,6 +250,9 @@ class Rule(metaclass=_RuleMeta):
     @classmethod
     def source_fingerprint(cls) -> str:
         """A hash of every function that generated code copies from this rule."""
+        fp = cls.__dict__.get("_source_fp")
+        if fp is not None:  # memoised per class: inspect.getsource costs ~1 ms per function
+            return fp
         h = hashlib.sha256(cls.__qualname__.encode())
         for fname in ("step", "prepare", "reduce", "finish"):
             f = cls.__dict__.get(fname)
@@ -260,7 +263,8 @@ class Rule(metaclass=_RuleMeta):
                         break
             if f is not None and not (fname == "prepare" and f is Rule.__dict__.get("prepare")):
                 h.update(function_source(f).encode())
-        return h.hexdigest()[:16]
+        cls._source_fp = fp = h.hexdigest()[:16]
+        return fp
 
 
 def _rebuild(cls, values):
