@@ -24,7 +24,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 bench: $(STAMP)
-	cd asv_benchmarks && ../$(BIN)/asv run --quick --python=same --show-stderr --environment existing:../$(BIN)/python
+	cd asv_benchmarks && ../$(BIN)/asv machine --yes >/dev/null && ../$(BIN)/asv run --quick --show-stderr --environment existing:../$(BIN)/python
 
 bench-compare: $(STAMP)
 	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/compare.py

@@ -49,17 +49,31 @@ def run_outplace(leaf, x1, g1, xo, so) -> int:
 
 def bind_inplace(leaf):
     """A Python callable ``(x, g, t) -> status`` with kernels, state and hyperparameters bound as
-    default arguments (cheaper per call than unpacking ``*leaf.arrays``)."""
+    default arguments (cheaper per call than unpacking ``*leaf.arrays``).
+
+    ``x`` and ``g`` must be 1-D, C-contiguous, aligned, writeable arrays of the leaf's dtype and size
+    (``update_`` checks this): below the parallel threshold the serial kernel's compiled entry point
+    for exactly those types is called, skipping Numba's dispatch (≈ 0.4 µs of a ≈ 1 µs call on a
+    small array). Above it, and wherever no entry point can be had, the dispatcher is called.
+    """
     k = leaf.kernels()
     ser, par, hp, th = k.inplace, k.inplace_par, leaf.hp, _threshold
     a = leaf.arrays
+    n = leaf.size
+    if n < th[0]:  # compile (or load from the disk cache) only what this size will run
+        try:
+            from numba import from_dtype, typeof, types
+            xt = types.Array(from_dtype(leaf.dtype), 1, "C")
+            ser = ser.compile((xt, xt) + tuple(typeof(s) for s in a) + (typeof(hp), typeof(1)))
+        except Exception:  # no compiled code to bind (e.g. NUMBA_DISABLE_JIT): the dispatcher decides
+            ser = k.inplace
     if len(a) == 0:
-        return lambda x, g, t: (ser if x.shape[0] < th[0] else par)(x, g, hp, t)
+        return lambda x, g, t: (ser if n < th[0] else par)(x, g, hp, t)
     if len(a) == 1:
-        return lambda x, g, t, a0=a[0]: (ser if x.shape[0] < th[0] else par)(x, g, a0, hp, t)
+        return lambda x, g, t, a0=a[0]: (ser if n < th[0] else par)(x, g, a0, hp, t)
     if len(a) == 2:
-        return lambda x, g, t, a0=a[0], a1=a[1]: (ser if x.shape[0] < th[0] else par)(x, g, a0, a1, hp, t)
+        return lambda x, g, t, a0=a[0], a1=a[1]: (ser if n < th[0] else par)(x, g, a0, a1, hp, t)
     if len(a) == 3:
         return lambda x, g, t, a0=a[0], a1=a[1], a2=a[2]: \
-            (ser if x.shape[0] < th[0] else par)(x, g, a0, a1, a2, hp, t)
-    return lambda x, g, t: (ser if x.shape[0] < th[0] else par)(x, g, *a, hp, t)
+            (ser if n < th[0] else par)(x, g, a0, a1, a2, hp, t)
+    return lambda x, g, t: (ser if n < th[0] else par)(x, g, *a, hp, t)

@@ -1,0 +1,278 @@
+"""Side-by-side speed of numbaopt's generated Adam against a hand-written Numba loop and NumPy.
+
+Run with ``make bench-compare`` (``NUMBA_NUM_THREADS=1``). Everything runs in ONE process; the
+variants of a case are timed in interleaved rounds (the order rotates every round) and the medians
+of the rounds are compared, so slow drifts of a shared machine hit every variant alike. Prints one
+line per case while it runs, then the results as a markdown table (what ``docs/performance.md``
+quotes). ``--quick`` does fewer rounds.
+
+Variants (float32, lr 1e-3, betas 0.9/0.999, eps 1e-8):
+
+* ``hand``: a plain hand-written fused ``@njit`` Adam loop (float32 hyperparameters and literals,
+  ``error_model='numpy'``), called from Python with the hyperparameters as Python floats;
+* ``kernel``: numbaopt's generated in-place kernel called directly (the serial one);
+* ``update_``: ``numbaopt.update_(state, x, g)``, the public call (its Python overhead included);
+* ``numpy``: Adam with in-place NumPy operations (``out=``, one scratch buffer);
+* chain: ``chain(WeightDecay, ClipGrad, Adam)`` fused (one generated kernel, one pass) against the
+  same three rules unfused (one pass per rule, the step of each materialised in a buffer).
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
+
+import numbaopt as no  # noqa: E402
+from numbaopt import codegen  # noqa: E402
+
+F32 = np.float32
+LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
+WD, DELTA = 5e-4, 1.0
+SIZES = (16, 4096, 1 << 20, 1 << 24)
+
+
+# no cache=True: Numba ties a cached function to the module name it was compiled under, and asv
+# imports this file under another name than a direct import does
+@njit(error_model="numpy", nogil=True)
+def adam_hand(x, g, m, v, lr, beta1, beta2, eps, t):
+    """The reference: what one would write by hand (same operation order as the published formula)."""
+    f = np.float32
+    lr, b1, b2, eps = f(lr), f(beta1), f(beta2), f(eps)
+    bc1 = f(1) - b1 ** f(t)
+    bc2 = f(1) - b2 ** f(t)
+    c1 = f(1) - b1
+    c2 = f(1) - b2
+    for i in range(x.shape[0]):
+        gi = g[i]
+        mi = b1 * m[i] + c1 * gi
+        vi = b2 * v[i] + c2 * (gi * gi)
+        m[i] = mi
+        v[i] = vi
+        x[i] = x[i] - lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+
+
+def numpy_adam(x, g, m, v, tmp, t):
+    """In-place NumPy Adam: no allocation per step (``out=`` everywhere, one scratch array)."""
+    b1, b2 = F32(B1), F32(B2)
+    bc1, bc2 = F32(1) - b1 ** F32(t), F32(1) - b2 ** F32(t)
+    m *= b1
+    np.multiply(g, F32(1) - b1, out=tmp)
+    m += tmp
+    v *= b2
+    np.multiply(g, g, out=tmp)
+    tmp *= F32(1) - b2
+    v += tmp
+    np.divide(v, bc2, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += F32(EPS)
+    np.divide(m, tmp, out=tmp)
+    tmp *= F32(LR) / bc1
+    x -= tmp
+
+
+def _map_pass(step):
+    """One pass applying a stateless one-hyperparameter rule's generated ``step``: ``out = step(g, x)``."""
+    @njit(error_model="numpy", nogil=True)
+    def run(x, g, out, h):
+        for i in range(x.shape[0]):
+            out[i] = step(g[i], x[i], h)
+    return run
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n).astype(F32), rng.standard_normal(n).astype(F32)
+
+
+def interleaved(variants: dict, number: int, rounds: int) -> dict:
+    """Median seconds per call of each ``loop(number)`` over ``rounds`` rotating rounds."""
+    names = list(variants)
+    samples = {k: [] for k in names}
+    gc.disable()
+    try:
+        for r in range(rounds):
+            s = r % len(names)
+            for k in names[s:] + names[:s]:
+                t0 = time.perf_counter()
+                variants[k](number)
+                samples[k].append((time.perf_counter() - t0) / number)
+    finally:
+        gc.enable()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def calibrate(variants: dict, budget: float) -> int:
+    """Calls per timed batch so that the slowest variant's batch takes about ``budget`` seconds."""
+    worst = 0.0
+    for loop in variants.values():
+        loop(2)  # compile / warm caches
+        t0 = time.perf_counter()
+        loop(1)
+        worst = max(worst, time.perf_counter() - t0)
+    return max(1, int(budget / max(worst, 1e-9)))
+
+
+def adam_case(n: int, rounds: int):
+    x0, g = data(n)
+    # one array set per variant: they advance independently (identical work per call)
+    xh, mh, vh = x0.copy(), np.zeros(n, F32), np.zeros(n, F32)
+    xk = x0.copy()
+    sk = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xk)
+    kern = sk.kernels().inplace
+    S0, S1 = sk.arrays
+    hp = sk.hp
+    xu = x0.copy()
+    su = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xu)
+    xn, mn, vn, tmp = x0.copy(), np.zeros(n, F32), np.zeros(n, F32), np.empty(n, F32)
+    th, tk, tn = [0], [0], [0]
+
+    def hand(number, f=adam_hand, x=xh, g=g, m=mh, v=vh):
+        t = th[0]
+        for _ in range(number):
+            t += 1
+            f(x, g, m, v, LR, B1, B2, EPS, t)
+        th[0] = t
+
+    def kernel(number, f=kern, x=xk, g=g, a=S0, b=S1, hp=hp):
+        t = tk[0]
+        for _ in range(number):
+            t += 1
+            f(x, g, a, b, hp, t)
+        tk[0] = t
+
+    def update(number, f=no.update_, s=su, x=xu, g=g):
+        for _ in range(number):
+            f(s, x, g)
+
+    def numpy(number, x=xn, g=g, m=mn, v=vn, tmp=tmp):
+        t = tn[0]
+        for _ in range(number):
+            t += 1
+            numpy_adam(x, g, m, v, tmp, t)
+        tn[0] = t
+
+    variants = {"hand": hand, "kernel": kernel, "update_": update, "numpy": numpy}
+    number = calibrate(variants, 0.02 if n < (1 << 22) else 0.0)
+    res = interleaved(variants, number, rounds)
+    # honesty check: the generated kernel and the hand-written loop do the same arithmetic
+    xa, ma, va = x0[:64].copy(), np.zeros(min(n, 64), F32), np.zeros(min(n, 64), F32)
+    xb = x0[:64].copy()
+    sb = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xb)
+    for t in range(1, 4):
+        adam_hand(xa, g[:64], ma, va, LR, B1, B2, EPS, t)
+        no.update_(sb, xb, g[:64])
+    res["same_numbers"] = bool(np.array_equal(xa, xb) and np.array_equal(ma, sb.arrays[0]))
+    return res
+
+
+def chain_case(n: int, rounds: int):
+    x0, g = data(n, 1)
+    rules = (no.WeightDecay(WD), no.ClipGrad(DELTA), no.Adam(lr=LR))
+    xf = x0.copy()
+    sf = no.setup(no.chain(*rules), xf)
+    xu = x0.copy()
+    su = no.setup(rules[2], xu)
+    wd_pass = _map_pass(codegen.kernels((rules[0],), F32).step_0)
+    clip_pass = _map_pass(codegen.kernels((rules[1],), F32).step_0)
+    d = np.empty(n, F32)
+
+    def fused(number, f=no.update_, s=sf, x=xf, g=g):
+        for _ in range(number):
+            f(s, x, g)
+
+    def unfused(number, f=no.update_, s=su, x=xu, g=g, d=d, wd=F32(WD), delta=F32(DELTA)):
+        for _ in range(number):
+            wd_pass(x, g, d, wd)
+            clip_pass(x, d, d, delta)
+            f(s, x, d)
+
+    variants = {"fused": fused, "unfused": unfused}
+    number = calibrate(variants, 0.02 if n < (1 << 22) else 0.0)
+    res = interleaved(variants, number, rounds)
+    # the two compute the same numbers (checked on a few steps of a small slice)
+    xa, xb = x0[:64].copy(), x0[:64].copy()
+    sa, sb = no.setup(no.chain(*rules), xa), no.setup(rules[2], xb)
+    db = np.empty(64, F32)
+    for _ in range(3):
+        no.update_(sa, xa, g[:64])
+        wd_pass(xb, g[:64], db, F32(WD))
+        clip_pass(xb, db, db, F32(DELTA))
+        no.update_(sb, xb, db)
+    res["same_numbers"] = bool(np.array_equal(xa, xb))
+    return res
+
+
+def fmt(sec: float) -> str:
+    us = sec * 1e6
+    if us < 10:
+        return f"{us:.2f} µs"
+    if us < 10000:
+        return f"{us:.0f} µs"
+    return f"{us / 1000:.1f} ms"
+
+
+def size_name(n: int) -> str:
+    return {16: "16", 4096: "4096", 1 << 20: "1M", 1 << 24: "16M"}.get(n, str(n))
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv
+    print(f"# numbaopt bench-compare: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"numba {numba.__version__}, numpy {np.__version__}, Python {platform.python_version()}, "
+          f"NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}, {os.cpu_count()} CPUs, "
+          f"parallel threshold {no.parallel_threshold()}")
+    rows = []
+    for n in SIZES:
+        rounds = (7 if quick else 21) if n <= 4096 else (5 if quick else 11) if n < (1 << 24) else (3 if quick else 5)
+        r = adam_case(n, rounds)
+        rows.append((n, r))
+        print(f"Adam {size_name(n):>5}: hand {fmt(r['hand'])}, kernel {fmt(r['kernel'])}, update_ "
+              f"{fmt(r['update_'])} (update_/hand {r['update_'] / r['hand']:.3f}, kernel/hand "
+              f"{r['kernel'] / r['hand']:.3f}), numpy {fmt(r['numpy'])}; same numbers: {r['same_numbers']}",
+              flush=True)
+    chains = []
+    for n in (1 << 20, 1 << 24):
+        rounds = (5 if quick else 11) if n < (1 << 24) else (3 if quick else 5)
+        r = chain_case(n, rounds)
+        chains.append((n, r))
+        print(f"chain {size_name(n):>5}: fused {fmt(r['fused'])}, unfused {fmt(r['unfused'])} "
+              f"(unfused/fused {r['unfused'] / r['fused']:.2f}); same numbers: {r['same_numbers']}", flush=True)
+
+    print()
+    print("| Adam, float32, 1 thread | hand-written @njit | numbaopt kernel | numbaopt `update_` | "
+          "`update_` / hand | kernel / hand | NumPy in-place | NumPy / `update_` |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, r in rows:
+        print(f"| {size_name(n)} elements | {fmt(r['hand'])} | {fmt(r['kernel'])} | {fmt(r['update_'])} | "
+              f"{r['update_'] / r['hand']:.3f} | {r['kernel'] / r['hand']:.3f} | {fmt(r['numpy'])} | "
+              f"{r['numpy'] / r['update_']:.1f} |")
+    r16 = rows[0][1]
+    print()
+    print(f"Python overhead of `update_` at 16 elements: {fmt(r16['update_'] - r16['kernel'])} over the "
+          f"generated kernel's own call, {fmt(r16['update_'] - r16['hand'])} over the hand-written call.")
+    print()
+    print("| chain(WeightDecay, ClipGrad, Adam), float32 | fused (one kernel) | unfused (3 passes) | unfused / fused |")
+    print("|---|---|---|---|")
+    for n, r in chains:
+        print(f"| {size_name(n)} elements | {fmt(r['fused'])} | {fmt(r['unfused'])} | {r['unfused'] / r['fused']:.2f} |")
+    ok = all(r["same_numbers"] for _, r in rows + chains)
+    print()
+    print("Generated and reference variants computed identical numbers." if ok else
+          "WARNING: a generated variant and its reference computed different numbers.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
