@@ -323,9 +323,47 @@ def _reduce_ops(rule):
     return tuple(ops(rule) if callable(ops) else ops)
 
 
-#: independent partial accumulators per reduction: the element loop is unrolled this many times so
-#: that the float64 sums are not one serial dependency chain (the pass is ~2x faster on 1M float32 elements); the
-#: order is fixed, so serial and threaded kernels stay bitwise equal
+def _reduction_lines(layout, r_i, loop_lines, indent, init=True, finish_indent=None, hpvar="hp"):
+    """A dry pass for reduction rule r_i over the elements produced by ``loop_lines``.
+
+    ``loop_lines(body)`` wraps a body in the element loop(s). The pass computes the chain up to rule
+    r_i without writing any state, accumulates rule r_i's contributions in float64, then calls
+    ``finish`` (in float64) into ``g{r_i}_*``. Used by the CUDA generator (grid-stride loops); the CPU
+    kernels use :func:`_lane_reduction_lines`.
+    """
+    rule = layout.rules[r_i]
+    ops = _reduce_ops(rule)
+    lines = []
+    if init:
+        lines += [f"{indent}acc{r_i}_{j} = {'0.0' if op == 'sum' else '-INF'}" for j, op in enumerate(ops)]
+    body = element_lines(layout, r_i, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+    rargs = _call_args(rule, r_i, "reduce", ["d", "xi"])
+    body.append(f"{', '.join(f'c{j}' for j in range(len(ops)))}, = reduce_t_{r_i}({rargs})")
+    for j, op in enumerate(ops):
+        body.append(f"acc{r_i}_{j} += np.float64(c{j})" if op == "sum"
+                    else f"acc{r_i}_{j} = max(acc{r_i}_{j}, np.float64(c{j}))")
+    lines += loop_lines(body)
+    lines += _finish_lines(layout, r_i, indent if finish_indent is None else finish_indent, hpvar)
+    return lines
+
+
+def _finish_lines(layout, r_i, fi, hpvar="hp"):
+    rule = layout.rules[r_i]
+    cls = type(rule)
+    ops = _reduce_ops(rule)
+    fargs = [f"acc{r_i}_{j}" for j in range(len(ops))]
+    for n in step_args(cls.finish)[len(ops):]:
+        if n in rule._hypers:
+            fargs.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]")
+        else:
+            fargs.append(_opt_literal(rule._values[n]))
+    fnames = [f"g{r_i}_{n}" for n in cls.finals]
+    return [f"{fi}{', '.join(fnames)}, = finish_{r_i}({', '.join(fargs)})"]
+
+
+#: independent partial accumulators per reduction in the CPU kernels: the element loop is unrolled this
+#: many times so that the float64 sums are not one serial dependency chain (the pass is ~2x faster on
+#: 1M float32 elements); the order is fixed, so serial and threaded kernels stay bitwise equal
 LANES = 4
 
 
@@ -334,8 +372,8 @@ def _acc_init_lines(r_i, ops, indent):
             for j, op in enumerate(ops) for u in range(LANES)]
 
 
-def _reduction_lines(layout, r_i, indent, init=True, finish_indent=None, hpvar="hp"):
-    """A dry pass for reduction rule r_i over the elements ``g[i], x[i]`` for ``i < n``.
+def _lane_reduction_lines(layout, r_i, indent, init=True, finish_indent=None, hpvar="hp"):
+    """The CPU form of :func:`_reduction_lines`: a dry pass over ``g[i], x[i]`` for ``i < n``.
 
     The loop is written at ``indent``. The pass computes the chain up to rule r_i without writing any
     state, accumulates rule r_i's contributions in float64 (in :data:`LANES` partial sums, combined in a
@@ -343,7 +381,6 @@ def _reduction_lines(layout, r_i, indent, init=True, finish_indent=None, hpvar="
     ``init=False`` the caller initialises the partial sums (a tree-scope reduction spans many leaves).
     """
     rule = layout.rules[r_i]
-    cls = type(rule)
     ops = _reduce_ops(rule)
     lines = _acc_init_lines(r_i, ops, indent) if init else []
     rargs = _call_args(rule, r_i, "reduce", ["d", "xi"])
@@ -373,15 +410,7 @@ def _reduction_lines(layout, r_i, indent, init=True, finish_indent=None, hpvar="
             a = [(f"({a[k]} + {a[k + 1]})" if op == "sum" else f"max({a[k]}, {a[k + 1]})")
                  for k in range(0, len(a), 2)]
         lines.append(f"{fi}acc{r_i}_{j} = {a[0]}")
-    fargs = [f"acc{r_i}_{j}" for j in range(len(ops))]
-    for n in step_args(cls.finish)[len(ops):]:
-        if n in rule._hypers:
-            fargs.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]")
-        else:
-            fargs.append(_opt_literal(rule._values[n]))
-    fnames = [f"g{r_i}_{n}" for n in cls.finals]
-    lines.append(f"{fi}{', '.join(fnames)}, = finish_{r_i}({', '.join(fargs)})")
-    return lines
+    return lines + _finish_lines(layout, r_i, fi, hpvar)
 
 
 def _status_lines(layout, r_i, indent, fmt="g{r}_{n}"):
@@ -408,7 +437,7 @@ def _single_kernel(layout, name, par, outplace):
     L += _load_lines(layout, "    ", "t")
 
     for r_i in layout.reducers:
-        L += _reduction_lines(layout, r_i, "    ")
+        L += _lane_reduction_lines(layout, r_i, "    ")
         L += _status_lines(layout, r_i, "    ")
         L += _finals_cast(layout, r_i, "    ")
     L += [f"    for i in {rng}(n):", "        gi = g[i]", "        xi = x[i]"]
@@ -458,13 +487,13 @@ def _multi_kernel(layout, dtype):
         L += inner
 
         if tree:
-            L += _reduction_lines(layout, r_i, "        ", init=False, finish_indent="    ")
+            L += _lane_reduction_lines(layout, r_i, "        ", init=False, finish_indent="    ")
             L.append("    for j in range(nleaf):")
             for m, n in enumerate(cls.finals):
                 L.append(f"        F{r_i}[{m}, j] = g{r_i}_{n}")
             L += _status_lines(layout, r_i, "    ")
         else:
-            L += _reduction_lines(layout, r_i, "        ")
+            L += _lane_reduction_lines(layout, r_i, "        ")
             for m, n in enumerate(cls.finals):
                 L.append(f"        F{r_i}[{m}, j] = g{r_i}_{n}")
             L += _status_lines(layout, r_i, "        ")
