@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _abi, codegen
 from .backends import cpu
+from .backends import cuda as _cuda  # device leaves (imports numba.cuda only when it meets one)
 from .chain import Chain
 from .leaf import Leaf, as_rule, check_param_dtype
 from .params import param_info
@@ -167,7 +168,7 @@ def setup(rule, model) -> StateTree:
                         check_param_dtype(info.dtype)
                     except TypeError:  # the path is formatted only for the message
                         check_param_dtype(info.dtype, where=f"model{path}")
-                if info.backend != "cpu":
+                if info.backend not in ("cpu", "cuda"):
                     raise NotImplementedError(f"model{path}: a {info.kind} leaf needs the {info.backend!r} "
                                               "backend, which the tree engine does not drive yet")
         pos_rule.append(r)
@@ -179,6 +180,7 @@ def setup(rule, model) -> StateTree:
     s.trained_pos = [p for p, r in enumerate(pos_rule) if r is not None]
     u_of_id, u_rule = {}, []
     s.u_shape, s.u_dtype, s.u_kind, s.u_positions, s.u_tieable = [], [], [], [], []
+    u_backend = []
     for p in s.trained_pos:
         x, info, r = values[p], infos[p], pos_rule[p]
         u = u_of_id.get(id(x)) if info.tieable else None
@@ -199,6 +201,7 @@ def setup(rule, model) -> StateTree:
         s.u_dtype.append(np.dtype(info.dtype))
         s.u_kind.append(info.kind)
         s.u_tieable.append(info.tieable)
+        u_backend.append(info.backend)
     s.n_unique = len(u_rule)
     s.u_group, s.u_j = [None] * s.n_unique, [None] * s.n_unique
     s.u_host = [False] * s.n_unique
@@ -206,6 +209,11 @@ def setup(rule, model) -> StateTree:
     by_key: dict = {}
     distinct, id_map = [], {}  # rules compared once per distinct object, not hashed per leaf
     for u, r in enumerate(u_rule):
+        if u_backend[u] == "cuda":  # a device leaf: its own CUDA state, stepped like a wrapped leaf
+            p = s.u_positions[u][0]
+            host[u] = _cuda.tree_state(r, values[p], f"model{paths[p]}")
+            s.u_host[u] = True
+            continue
         if _is_host(r):
             p = s.u_positions[u][0]
             host[u] = r.setup_leaf(infos[p].to_array(values[p]))
@@ -265,6 +273,8 @@ def _grad_array(g, dtype, shape, w):
             if info is None:
                 raise TypeError(f"{w}: expected a {dtype} array of shape {shape} (or None), "
                                 f"got {type(g).__name__}")
+            if info.backend != "cpu":
+                raise _cuda.host_grad_error(g, w)
             g = np.asarray(info.to_array(g))
     if g.shape != shape:
         raise ValueError(f"{w}: shape {g.shape}, expected {shape}")
@@ -313,7 +323,10 @@ def _prepare(state, model, grads):
                              f"{s.paths[s.u_positions[u][0]]} (the same array); now they differ")
         g = gs[p]
         if g is not None:
-            g = _grad_array(g, dtype, shape, where("grads", s.paths[p]))
+            if info.backend == "cuda":
+                g = _cuda.tree_grad(g, dtype, shape, where("grads", s.paths[p]), gu[u] is not None)
+            else:
+                g = _grad_array(g, dtype, shape, where("grads", s.paths[p]))
             gu[u] = g if gu[u] is None else gu[u] + g
     return xu, iu, gu
 

@@ -10,8 +10,8 @@
 * ``torch.Tensor`` on the CPU (only when torch is already imported by the user; torch is never
   imported here): written in place through the memory it shares with ``tensor.numpy()``;
 * any other object with ``__array__`` (a JAX array, ...): immutable, the step returns a NumPy array;
-* device arrays (``__cuda_array_interface__``, Numba device arrays): a ``TypeError`` until a CUDA
-  backend registers a handler for their type (``param_info.register``).
+* device arrays (``__cuda_array_interface__``, Numba device arrays, the CUDA simulator's arrays):
+  ``backend="cuda"``, stepped by :mod:`numbaopt.backends.cuda` (``pip install numbaopt[cuda]``).
 
 Register your own array type::
 
@@ -73,9 +73,8 @@ def param_info(x):
     Extend it for your own array types with ``param_info.register(Type)``.
     """
     if hasattr(x, "__cuda_array_interface__") or _is_device_array(x):
-        raise TypeError(f"a device array ({type(x).__module__}.{type(x).__qualname__}) is not updated by the "
-                        "CPU tree engine; the CUDA backend handles device arrays "
-                        "(pip install numbaopt[cuda], then import numbaopt.cuda)")
+        from .backends.cuda import param_info_device  # stepped by the CUDA backend (numbaopt[cuda])
+        return param_info_device(x)
     if _is_torch_tensor(x):
         _register_torch(type(x))
         return param_info(x)

@@ -41,7 +41,8 @@ def _codegen():
         from . import cuda_codegen
         if not cuda_codegen.SIM and not cuda.is_available():
             raise RuntimeError("numbaopt: a device array was passed but CUDA reports no usable GPU or driver "
-                               "(set NUMBA_ENABLE_CUDASIM=1 before importing numba to use the simulator)")
+                               "(the CUDA backend, numbaopt[cuda], needs one; set NUMBA_ENABLE_CUDASIM=1 before "
+                               "importing numba to use the simulator)")
         _cc = cuda_codegen
     return _cc
 
@@ -311,6 +312,12 @@ class DeviceLeaf(Leaf):
         target.hp[:] = target.layout.hyper_vector(target.t + 1, target.dtype)
         return target
 
+    def _numbaopt_adjust_(self, **hyper):  # the tree engine's hook for the states it does not group
+        self._numbaopt_adjust(hyper, True)
+
+    def _numbaopt_copy(self):
+        return self.copy()
+
     def _check(self, x, g):
         if not is_device_array(x):
             if isinstance(x, np.ndarray):
@@ -399,6 +406,69 @@ def setup_leaf(rule, x) -> DeviceLeaf:
     _, shape, dtype, _ = _info(x, "x")
     check_param_dtype(dtype)
     return DeviceLeaf(rule, shape, dtype)
+
+
+# -- device leaves in trees (called by numbaopt.params / numbaopt.engine) ------------------------------
+def _same(x):
+    return x
+
+
+def _new(a, old):
+    return a
+
+
+def param_info_device(x):
+    """The tree engine's :class:`numbaopt.ParamInfo` for a device array (no numba.cuda import)."""
+    from ..params import ParamInfo
+    if type(x).__name__ == "FakeCUDAArray":
+        shape, dtype = x._ary.shape, x._ary.dtype
+    else:
+        cai = (x.detach() if _kind(x) == "torch" else x).__cuda_array_interface__
+        shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    return ParamInfo(dtype=np.dtype(dtype), shape=tuple(shape), writeable=True, to_array=_same,
+                     from_array=_new, kind=type(x).__name__, backend="cuda", tieable=True)
+
+
+def tree_state(rule, x, where):
+    """The state of one device leaf of a tree: a :class:`DeviceLeaf` (one launch per leaf and step)."""
+    rule = as_rule(rule)
+    if hasattr(rule, "setup_leaf"):
+        raise TypeError(f"{where}: {type(rule).__name__} is a host-level wrapper and does not support "
+                        "device arrays")
+    for r in rule.rules:
+        if type(r).scope == "tree":
+            raise NotImplementedError(
+                f"{where}: {type(r).__name__} reduces over the whole tree, but the device leaves of a tree are "
+                "stepped one array at a time; put the device arrays in numbaopt.setup_device_group")
+    try:
+        _codegen()
+    except (ImportError, RuntimeError) as e:  # in a tree, as every bad leaf: a TypeError naming the path
+        raise TypeError(f"{where}: {e}") from None
+    try:
+        return setup_leaf(rule, x)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
+
+
+def tree_grad(g, dtype, shape, where, tied=False):
+    """Check the gradient of a device leaf of a tree (``where`` names its path); returns it unchanged."""
+    if not is_device_array(g):
+        raise _host_side_error(where, g, "a device leaf")
+    if tied:
+        raise NotImplementedError(f"{where}: a device array that appears twice in the model (tied); the "
+                                  "CUDA backend does not sum tied gradients yet")
+    _, gshape, gdtype, _ = _info(g, where)
+    if tuple(gshape) != tuple(shape):
+        raise ValueError(f"{where}: shape {tuple(gshape)}, expected {tuple(shape)}")
+    if gdtype != dtype:
+        raise TypeError(f"{where}: dtype {gdtype}, expected {dtype} (gradients are not cast on the GPU)")
+    return g
+
+
+def host_grad_error(g, where):
+    """The error for a device gradient given for a host leaf of a tree."""
+    return TypeError(f"{where}: a device array ({type(g).__name__}) for a host parameter; copy it to the "
+                     "host yourself (numbaopt never copies across the bus silently)")
 
 
 class DeviceGroup:

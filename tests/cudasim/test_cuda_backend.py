@@ -281,3 +281,52 @@ def test_group_address_tables_follow_the_arrays_passed():
     for x, g0, g1, a, b in zip(xs, gs[0], gs[1], xd, other):
         np.testing.assert_allclose(_host(a), x - 0.5 * g0, rtol=1e-6)
         np.testing.assert_allclose(_host(b), x - 0.5 * g0 - 0.5 * g1, rtol=1e-6, atol=1e-7)
+
+
+def test_mixed_host_and_device_tree():
+    rng = np.random.default_rng(3)
+    host_w = rng.standard_normal(5).astype(np.float32)
+    dev_w = rng.standard_normal((2, 3)).astype(np.float32)
+    g_host = [rng.standard_normal(5).astype(np.float32) for _ in range(2)]
+    g_dev = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
+    model = {"cpu": host_w.copy(), "gpu": {"w": _dev(dev_w)}}
+    state = no.setup(no.Adam(0.1), model)
+    assert type(state["gpu"]["w"]) is nc.DeviceLeaf
+    ref = {"cpu": no.setup(no.Adam(0.1), host_w.copy()), "gpu": no.setup(no.Adam(0.1), dev_w.copy())}
+    xc, xg = host_w.copy(), dev_w.copy()
+    state, model = no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": _dev(g_dev[0])}})
+    ref["cpu"], xc = no.update_(ref["cpu"], xc, g_host[0])
+    ref["gpu"], xg = no.update_(ref["gpu"], xg, g_dev[0])
+    assert model["cpu"].tobytes() == xc.tobytes()
+    np.testing.assert_allclose(_host(model["gpu"]["w"]), xg, rtol=1e-6)
+    before = _host(model["gpu"]["w"])
+    new_state, new_model = no.update(state, model, {"cpu": g_host[1], "gpu": {"w": _dev(g_dev[1])}})
+    assert type(new_model["gpu"]["w"]).__name__ == "FakeCUDAArray" and new_model["gpu"]["w"] is not model["gpu"]["w"]
+    assert _host(model["gpu"]["w"]).tobytes() == before.tobytes()  # the pure step wrote nothing
+    ref["gpu"], xg = no.update_(ref["gpu"], xg, g_dev[1])
+    np.testing.assert_allclose(_host(new_model["gpu"]["w"]), xg, rtol=1e-6)
+    # gradients on the wrong side of the bus: TypeErrors naming the path, before anything is written
+    cpu_before = model["cpu"].copy()
+    with pytest.raises(TypeError, match=r"grads\['gpu'\]\['w'\]: a host ndarray"):
+        no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": g_dev[0]}})
+    with pytest.raises(TypeError, match=r"grads\['cpu'\]: a device array"):
+        no.update_(state, model, {"cpu": _dev(g_host[0]), "gpu": {"w": _dev(g_dev[0])}})
+    assert model["cpu"].tobytes() == cpu_before.tobytes()
+    assert _host(model["gpu"]["w"]).tobytes() == before.tobytes()
+    no.adjust_(state, lr=0.0)
+    state, model = no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": _dev(g_dev[0])}})
+    assert _host(model["gpu"]["w"]).tobytes() == before.tobytes()  # lr 0 reached the device leaf
+    with pytest.raises(NotImplementedError, match="setup_device_group"):
+        no.setup(no.ClipGlobalNorm(1.0), {"a": _dev(dev_w)})
+
+
+def test_frozen_device_leaf_in_a_tree_is_not_stepped():
+    m = {"cpu": np.ones(3, np.float32), "gpu": {"w": _dev(np.ones(3, np.float32))}}
+    s = no.setup(no.Descent(0.5), m)
+    no.freeze_(s["gpu"])
+    grads = {"cpu": np.ones(3, np.float32), "gpu": {"w": _dev(np.ones(3, np.float32))}}
+    s, m = no.update_(s, m, grads)
+    assert np.all(m["cpu"] == 0.5) and np.all(_host(m["gpu"]["w"]) == 1.0)
+    no.thaw_(s["gpu"])
+    s, m = no.update_(s, m, grads)
+    assert np.all(m["cpu"] == 0.0) and np.all(_host(m["gpu"]["w"]) == 0.5)
