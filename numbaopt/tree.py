@@ -528,7 +528,7 @@ class StateTree(StateNode):
 
         def walk(n, p, ind):
             if n.spec is None:
-                lines.append(f"{ind}{where('', p) if not p else str(p[-1])}: {leaf_text(n.pos)}")
+                lines.append(f"{ind}{str(p[-1]) if p else '<root>'}: {leaf_text(n.pos)}")
                 return
             head = f"{ind}{str(p[-1]) if p else '<root>'}: {_describe(n)}"
             lines.append(head)

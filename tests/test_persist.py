@@ -115,3 +115,20 @@ def test_corrupt_and_mismatched_files(tmp_path):
         no.update_(state, {"w": np.ones(4)}, {"w": np.ones(4)})
     with pytest.raises(TypeError, match=r"model: expected dict, got list"):
         no.update_(state, [np.ones(3)], [np.ones(3)])
+
+
+def test_chains_complex_tuple_keys_and_namedtuples(tmp_path):
+    from collections import namedtuple
+    P = namedtuple("P", "re im")
+    rule = no.chain(no.WeightDecay(0.01), no.ClipGlobalNorm(1.0), no.Adam(lr=0.1))
+    model = {("a", 1): P(np.ones(2, np.complex128), np.array(0.5 + 0j)), 7: np.ones(3, np.complex128)}
+    grads = {("a", 1): P(np.full(2, 1 - 1j), np.array(2j)), 7: np.full(3, 0.5 + 0j)}
+    s1 = no.setup(rule, model)
+    s1, m1 = no.update(s1, model, grads)
+    no.save(tmp_path / "c.npz", s1)
+    s2 = no.load(tmp_path / "c.npz")
+    assert s2[("a", 1)].re.rule == s1[("a", 1)].re.rule
+    s1, out1 = no.update(s1, m1, grads)
+    s2, out2 = no.update(s2, m1, grads)
+    np.testing.assert_array_equal(no.destructure(out1)[0], no.destructure(out2)[0])
+    assert type(out2[("a", 1)]) is P
