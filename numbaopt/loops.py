@@ -106,9 +106,10 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
         gn = F[r, 2]
         reason = 0
         stop = it + nsteps
+        keep = H.shape[1] > 1
         while it < stop:
 {evaluate}
-            H[r, it] = f
+            H[r, it if keep else 0] = f
             gn = _gnorm(g)
             if not (math.isfinite(f) and math.isfinite(gn)):
                 reason = 3
@@ -275,7 +276,8 @@ class BatchResult(OptimizeResult):
         n = int(self.nit[r])
         return OptimizeResult(x=self.x[r], fun=float(self.fun[r]), nit=n, nfev=int(self.nfev[r]),
                               converged=bool(self.converged[r]), status=int(self.status[r]),
-                              message=self.message[r], history=self.history[r, :n + 1],
+                              message=self.message[r],
+                              history=None if self.history is None else self.history[r, :n + 1],
                               grad_norm=float(self.grad_norm[r]), t=int(self.t[r]),
                               skipped=int(self.skipped[r]), state=None)
 
@@ -429,7 +431,8 @@ def _schedule_slots(layout, schedule):
 class _Problem:
     """Everything the drivers need for B rows of n parameters (validated, nothing written yet)."""
 
-    def __init__(self, fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, where, per_row_rules):
+    def __init__(self, fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, where, per_row_rules,
+                 history=True):
         if not callable(fun):
             raise TypeError(f"fun must be callable, got {fun!r}")
         if not isinstance(args, tuple):
@@ -505,7 +508,9 @@ class _Problem:
         self.I = np.zeros((B, 4), dtype=np.int64)      # it, t, skipped, reason
         self.F = np.zeros((B, 3), dtype=np.float64)    # f, fprev, grad norm
         self.F[:, 1] = np.nan
-        self.H = np.full((B, self.maxiter + 1), np.nan)
+        # the loss history: (B, maxiter + 1) floats, or one column (overwritten) with history=False
+        self.H = np.full((B, self.maxiter + 1 if history else 1), np.nan)
+        self.keep = bool(history)
         if self.spsa is not None:
             self.sp = self.spsa._params()
             self.rng = self.spsa._streams(B)
@@ -723,14 +728,14 @@ def _finish(p):
         else:
             continue
         p.F[r, 0] = f
-        p.H[r, it] = f
+        p.H[r, it if p.keep else 0] = f
 
 
 # ---------------------------------------------------------------------------------------------
 # the public drivers
 # ---------------------------------------------------------------------------------------------
 def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
-             callback=None, callback_every=1, progress=False, compiled=None) -> OptimizeResult:
+             callback=None, callback_every=1, progress=False, compiled=None, history=True) -> OptimizeResult:
     """Minimise ``fun`` from ``x0`` with an update rule (or a fused chain); a scipy-like driver.
 
     ``fun(x, grad_out, *args) -> loss`` writes the gradient into ``grad_out``; or give
@@ -747,18 +752,19 @@ def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=
     validated before the loop starts. ``callback(result) -> stop?`` runs every ``callback_every``
     iterations with a snapshot (its ``x`` is the live array: do not modify it); returning True or raising
     StopIteration stops. ``progress=True`` shows a tqdm bar (optional), updated between chunks sized to
-    about 0.1 s, so it costs nothing measurable.
+    about 0.1 s, so it costs nothing measurable. ``history=False`` keeps no loss history (it takes
+    ``maxiter + 1`` floats per problem otherwise).
     """
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
     callback_every = _count("callback_every", callback_every, 1)
-    p = _Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False)
+    p = _Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False, history)
 
     def snapshot():
         # between chunks x is x_nit (stepped), evaluated up to x_(nit-1): fun is history[-1]
         it = int(p.I[0, 0])
         return OptimizeResult(x=p.X[0], fun=float(p.F[0, 0]), nit=it, grad_norm=float(p.F[0, 2]),
-                              history=p.H[0, :it], t=int(p.I[0, 1]))
+                              history=p.H[0, :it] if p.keep else None, t=int(p.I[0, 1]))
 
     _run(p, compiled, callback, callback_every, progress, snapshot)
     _finish(p)
@@ -769,12 +775,14 @@ def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=
         nfev += 2  # the iteration that met a tolerance evaluated fun twice before stopping
     x = p.X[0].copy()
     return OptimizeResult(x=x, fun=float(p.F[0, 0]), nit=it, nfev=nfev, converged=code in (GTOL, FTOL),
-                          status=code, message=_message(code, p.rules[0]), history=p.H[0, :it + 1].copy(),
+                          status=code, message=_message(code, p.rules[0]),
+                          history=p.H[0, :it + 1].copy() if p.keep else None,
                           grad_norm=float(p.F[0, 2]), t=t, skipped=skipped, state=p.S)
 
 
 def minimize_batch(fun, X0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
-                   callback=None, callback_every=1, progress=False, compiled=None) -> BatchResult:
+                   callback=None, callback_every=1, progress=False, compiled=None,
+                   history=True) -> BatchResult:
     """Minimise ``fun`` from every row of ``X0`` (shape ``(B, n)``): B independent problems at once.
 
     Each row has its own rule state, its own step count and its own stopping status; one compiled call
@@ -786,7 +794,7 @@ def minimize_batch(fun, X0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6,
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
     callback_every = _count("callback_every", callback_every, 1)
-    p = _Problem(fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, "X0", True)
+    p = _Problem(fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, "X0", True, history)
 
     def snapshot():
         return _batch_result(p, live=True)
@@ -807,5 +815,5 @@ def _batch_result(p, live):
     return BatchResult(x=p.X if live else p.X.copy(), fun=p.F[:, 0].copy(), nit=its, nfev=nfev,
                        converged=np.isin(codes, (GTOL, FTOL)), status=codes,
                        message=[_message(int(c), p.rules[0]) if c else "running" for c in codes],
-                       history=p.H[:, :width].copy(), grad_norm=p.F[:, 2].copy(), t=p.I[:, 1].copy(),
+                       history=p.H[:, :width].copy() if p.keep else None, grad_norm=p.F[:, 2].copy(), t=p.I[:, 1].copy(),
                        skipped=p.I[:, 2].copy(), state=p.S)

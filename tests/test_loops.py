@@ -90,6 +90,14 @@ def test_minimize_same_as_update_loop_and_converges_on_gtol():
     assert np.array_equal(x, res.x)
 
 
+def test_without_history():
+    a = no.minimize(quad, np.zeros(6), no.Adam(0.05), args=(C,), maxiter=40, gtol=None)
+    b = no.minimize(quad, np.zeros(6), no.Adam(0.05), args=(C,), maxiter=40, gtol=None, history=False)
+    assert b.history is None and np.array_equal(a.x, b.x) and a.fun == b.fun
+    rb = no.minimize_batch(quad, np.zeros((2, 6)), no.Adam(0.05), args=(C,), maxiter=40, history=False)
+    assert rb.history is None and rb.row(1).history is None and np.array_equal(rb.x[0], a.x)
+
+
 def test_jac_pair_gives_the_same_iterates():
     a = no.minimize(quad, np.ones(6), no.Momentum(0.05), args=(C,), maxiter=60, gtol=None)
     b = no.minimize(quad_f, np.ones(6), no.Momentum(0.05), jac=quad_j, args=(C,), maxiter=60, gtol=None)
