@@ -304,9 +304,15 @@ def main(argv=None):
         print(f"{len(report['ptx'])} kernels compiled, {len(report['ptx_failed'])} failed; wrote {args.json}")
         return report
 
+    import warnings
     import numba
     from numba import cuda
     from numbaopt.backends import cuda_codegen as cc
+    for mod in ("numba.core.errors", "numba.cuda.core.errors"):  # small grids in the rule check are deliberate
+        try:
+            warnings.simplefilter("ignore", __import__(mod, fromlist=["x"]).NumbaPerformanceWarning)
+        except (ImportError, AttributeError):
+            pass
     sim = cc.SIM
     if args.sim and not sim:
         raise SystemExit("--sim: numba was imported before NUMBA_ENABLE_CUDASIM=1 could be set")

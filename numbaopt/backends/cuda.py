@@ -337,7 +337,9 @@ class DeviceLeaf(Leaf):
             # a torch tensor can swap its storage under the same object (p.data = ...): recheck its address
             self._xcache = (x, x1, addr if _kind(x) == "torch" else None)
         if not is_device_array(g):
-            raise _host_side_error("g", g, type(x).__name__)
+            if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
+                raise _host_side_error("g", g, type(x).__name__)
+            raise TypeError(f"g: expected a device array for the GPU parameter, got {type(g).__name__}")
         gs, gshape, gdtype, _ = _info(g, "g")
         if tuple(gshape) != self.shape:
             raise ValueError(f"g: shape {tuple(gshape)}, expected {self.shape}")
@@ -453,7 +455,9 @@ def tree_state(rule, x, where):
 def tree_grad(g, dtype, shape, where, tied=False):
     """Check the gradient of a device leaf of a tree (``where`` names its path); returns it unchanged."""
     if not is_device_array(g):
-        raise _host_side_error(where, g, "a device leaf")
+        if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
+            raise _host_side_error(where, g, "a device leaf")
+        raise TypeError(f"{where}: expected a device array (or None), got {type(g).__name__}")
     if tied:
         raise NotImplementedError(f"{where}: a device array that appears twice in the model (tied); the "
                                   "CUDA backend does not sum tied gradients yet")
@@ -558,7 +562,7 @@ class DeviceGroup:
         addr = np.empty(len(objs), dtype=np.int64)
         for i, o in enumerate(objs):
             if not is_device_array(o):
-                if what == "grads":
+                if what == "grads" and (isinstance(o, np.ndarray) or hasattr(o, "__array__")):
                     raise _host_side_error(f"grads[{i}]", o, "device parameters")
                 raise TypeError(f"{what}[{i}]: expected a device array, got {type(o).__name__}")
             _, shape, dt, a = _info(o, f"{what}[{i}]")

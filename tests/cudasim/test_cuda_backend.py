@@ -330,3 +330,10 @@ def test_frozen_device_leaf_in_a_tree_is_not_stepped():
     no.thaw_(s["gpu"])
     s, m = no.update_(s, m, grads)
     assert np.all(m["cpu"] == 0.0) and np.all(_host(m["gpu"]["w"]) == 0.5)
+
+
+def test_a_missing_gradient_is_named_as_such():
+    xd = _dev(np.ones(3, np.float32))
+    s = no.setup(no.Adam(), xd)
+    with pytest.raises(TypeError, match="g: expected a device array for the GPU parameter, got NoneType"):
+        no.update_(s, xd, None)
