@@ -533,7 +533,7 @@ class Yogi(Rule):
         return 1.0 - beta1 ** t, 1.0 - beta2 ** t
 
     @staticmethod
-    def step(g, x, m, v, lr, beta1, beta2, eps, initial_value, bc1, bc2):
+    def step(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2):
         m = beta1 * m + (1 - beta1) * g
         g2 = abs2(g)
         if v > g2:

@@ -108,3 +108,17 @@ def test_wrappers_compose():
     assert (x == x0).all()
     s, x = no.update_(s, x, np.full(5, 3, dtype=np.float16))
     assert np.array_equal(x, (x0.astype(np.float32) - 2).astype(np.float16))
+
+
+def test_wrappers_in_a_tree():
+    model = {"a": np.ones(3), "b": np.ones(2, dtype=np.float16)}
+
+    def choose(path, x):
+        return no.AccumGrad(2, no.Descent(1.0)) if x.dtype == np.float64 else \
+            no.MixedPrecision(np.float32, no.Descent(0.5))
+    s = no.setup(choose, model)
+    s, model = no.update_(s, model, {"a": np.ones(3), "b": np.ones(2, dtype=np.float16)})
+    assert (model["a"] == 1).all() and (model["b"] == 0.5).all()
+    s2, m2 = no.update(s, model, {"a": np.full(3, 3.0), "b": np.ones(2, dtype=np.float16)})
+    assert (m2["a"] == -1).all() and (m2["b"] == 0).all() and m2["b"].dtype == np.float16
+    assert (model["a"] == 1).all() and (model["b"] == 0.5).all()  # the pure update left them alone
