@@ -380,7 +380,9 @@ class DeviceLeaf(Leaf):
                 self.skipped += 1
             return self, model
         from numba import cuda
-        new = self.copy()
+        # the new state reads this state's arrays (shared, never written) and owns the kernel's outputs
+        new = DeviceLeaf(self.rule, self.shape, self.dtype, arrays=self.arrays, t=self.t, hp=self.hp.copy(),
+                         skipped=self.skipped)
         xo_obj = _empty_like(_kind(model), model, self.shape, self.dtype)
         xo = _flat(_info(xo_obj, "x")[0], self.size)
         outs = [cuda.device_array(a.shape, dtype=a.dtype) for a in self.arrays]
@@ -389,9 +391,12 @@ class DeviceLeaf(Leaf):
             new.arrays = tuple(outs)
             new.t += 1
             return new, xo_obj
+        for o, a in zip(outs, self.arrays):  # a refused step: the new state is a copy of this one
+            o.copy_to_device(a)
+        new.arrays = tuple(outs)
+        xo.copy_to_device(x1)
         raise_status(new, status)
         new.skipped += 1
-        xo.copy_to_device(x1)
         return new, xo_obj
 
 

@@ -103,6 +103,10 @@ def test_state_is_on_the_device_and_hyperparameters_are_runtime():
     np.testing.assert_allclose(_host(xd), xh, rtol=1e-6)
     s2 = no.adjust(s, lr=0.1)
     assert s2.rule.lr == 0.1 and s.rule.lr == 0.5 and s2.t == s.t
+    before = [_host(a).tobytes() for a in s.arrays] + [_host(xd).tobytes()]
+    s3, x3 = no.update(s, xd, _dev(grads[0]))  # pure: the old state and parameter are untouched
+    assert [_host(a).tobytes() for a in s.arrays] + [_host(xd).tobytes()] == before
+    assert s3.t == s.t + 1 and all(a is not b for a, b in zip(s3.arrays, s.arrays))
 
 
 def test_source_is_generated_from_the_same_definition():
