@@ -470,3 +470,20 @@ def test_fast_plan_follows_a_new_model(monkeypatch):
         state, b = no.update_(state, b, [np.ones(3), np.ones(2)])
     np.testing.assert_array_equal(b[0], -0.5)
     np.testing.assert_array_equal(a[0], 0.5)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_skip_non_finite_skips_the_whole_tree(pure):
+    ro = np.ones(2)
+    ro.flags.writeable = False
+    model = {"a": np.ones(3), "b": [np.ones(2), ro, 1.5]}
+    state = no.setup(no.SkipNonFinite(no.Adam(lr=0.1)), model)
+    good = {"a": np.ones(3), "b": [np.ones(2), np.ones(2), 1.0]}
+    state, model = no.update_(state, model, good)
+    before = no.destructure(model)[0].copy()
+    bad = {"a": np.ones(3), "b": [np.array([1.0, np.nan]), np.ones(2), 1.0]}
+    state, model = (no.update if pure else no.update_)(state, model, bad)
+    np.testing.assert_array_equal(no.destructure(model)[0], before)
+    assert all(leaf.t == 1 and leaf.skipped == 1 for _, leaf in state.leaves())
+    state, model = no.update_(state, model, good)
+    assert all(leaf.t == 2 for _, leaf in state.leaves())
