@@ -217,7 +217,7 @@ class Rprop(Rule):
     eta = state("lr")
     supports_complex = False
     torch = "Rprop(lr, etas=(eta_minus, eta_plus), step_sizes=(step_min, step_max))"
-    optax = "(none)"
+    optax = "rprop(lr, eta_minus, eta_plus, min_step_size=step_min, max_step_size=step_max)"
 
     @staticmethod
     def step(g, x, gp, eta, eta_minus, eta_plus, step_min, step_max):
@@ -247,7 +247,7 @@ class RAdam(Rule):
     v = state(0.0, real=True)
     scalars = ("bc1", "bc2", "rect", "use")
     torch = "RAdam(lr, betas, eps): threshold=5 (torch puts eps outside sqrt(v) before the bias correction)"
-    optax = "radam(lr, b1, b2, eps, threshold=5): threshold=5"
+    optax = "radam(lr, b1, b2, eps, threshold=5): threshold=5 (optax rectifies when r >= 5)"
 
     @staticmethod
     def prepare(t, beta1, beta2, threshold):
@@ -269,24 +269,30 @@ class RAdam(Rule):
 
 
 class AdaMax(Rule):
-    """AdaMax: ``m`` as Adam; ``u = max(b2*u, |g|)``; ``d = (lr/(1-b1^t)) * m / (u + eps)``."""
+    """AdaMax: ``m`` as Adam; ``u = max(b2*u, |g|)``; ``d = (lr/(1-b1^t)) * m / (u + eps)``;
+    ``eps_in_max=True`` (torch, optax): ``u = max(b2*u, |g| + eps); d = (lr/(1-b1^t)) * m / u``.
+    """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **_unit)
     beta2 = hyper(0.999, **_unit)
     eps = hyper(1e-8, low=0.0)
+    eps_in_max = option(False, doc="torch/optax convention: eps added to |g| inside the max")
     m = state(0.0)
     u = state(0.0, real=True)
     scalars = ("bc1",)
-    torch = "Adamax(lr, betas, eps) (torch adds eps inside the max: u = max(b2*u, |g| + eps))"
-    optax = "adamax(lr, b1, b2, eps)"
+    torch = "Adamax(lr, betas, eps): eps_in_max=True"
+    optax = "adamax(lr, b1, b2, eps): eps_in_max=True"
 
     @staticmethod
     def prepare(t, beta1):
         return (1.0 - beta1 ** t,)
 
     @staticmethod
-    def step(g, x, m, u, lr, beta1, beta2, eps, bc1):
+    def step(g, x, m, u, lr, beta1, beta2, eps, eps_in_max, bc1):
         m = beta1 * m + (1 - beta1) * g
+        if eps_in_max:
+            u = max(beta2 * u, absval(g) + eps)
+            return (lr / bc1) * m / u, m, u
         u = max(beta2 * u, absval(g))
         return (lr / bc1) * m / (u + eps), m, u
 
@@ -376,28 +382,33 @@ class AMSGrad(Rule):
 
 
 class NAdam(Rule):
-    """Nesterov Adam (Optimisers.jl's form): m, v as Adam;
-    ``d = lr * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v*b2/(1-b2^t)) + eps)``.
+    """Nesterov Adam (Optimisers.jl's form, Dozat's Algorithm 2): m, v as Adam;
+    ``d = lr * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v*b2/(1-b2^t)) + eps)``;
+    ``b2_factor=False`` (optax) drops the ``b2`` under the square root.
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **_unit)
     beta2 = hyper(0.999, **_unit)
     eps = hyper(1e-8, low=0.0)
+    b2_factor = option(True, doc="multiply v by b2 under the square root (Optimisers.jl; optax omits it)")
     m = state(0.0)
     v = state(0.0, real=True)
     scalars = ("bc1", "bc1n", "bc2")
-    torch = "NAdam differs (momentum decay schedule); no exact equivalent"
-    optax = "nadam(lr, b1, b2, eps) differs only by the b2 factor under the square root"
+    torch = "NAdam differs (momentum decay schedule psi); no exact equivalent"
+    optax = "nadam(lr, b1, b2, eps): b2_factor=False"
 
     @staticmethod
     def prepare(t, beta1, beta2):
         return 1.0 - beta1 ** t, 1.0 - beta1 ** (t + 1.0), 1.0 - beta2 ** t
 
     @staticmethod
-    def step(g, x, m, v, lr, beta1, beta2, eps, bc1, bc1n, bc2):
+    def step(g, x, m, v, lr, beta1, beta2, eps, b2_factor, bc1, bc1n, bc2):
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * abs2(g)
-        return lr * (beta1 * m / bc1n + (1 - beta1) * g / bc1) / (sqrt(v * beta2 / bc2) + eps), m, v
+        num = lr * (beta1 * m / bc1n + (1 - beta1) * g / bc1)
+        if b2_factor:
+            return num / (sqrt(v * beta2 / bc2) + eps), m, v
+        return num / (sqrt(v / bc2) + eps), m, v
 
 
 class AdaBelief(Rule):
@@ -559,8 +570,9 @@ class Adan(Rule):
     n = state(0.0, real=True)
     gp = state(0.0)
     scalars = ("bc1", "bc2", "bc3", "later")
-    torch = "(Adan reference implementation, no_prox=True)"
-    optax = "adan(lr, b1, b2, b3, eps, weight_decay)"
+    torch = "(the Adan reference implementation, no_prox=True)"
+    optax = "adan(lr, b1, b2, b3, eps, weight_decay) weights diff by (1-b2) where the reference uses b2: " \
+            "no exact equivalent"
 
     @staticmethod
     def prepare(t, beta1, beta2, beta3):

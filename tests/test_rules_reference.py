@@ -129,10 +129,13 @@ def r_radam(h):
     return f
 
 
-def r_adamax(h):
+def r_adamax(h, eps_in_max=False):
     def f(S, x, g, t):
         b1, b2 = h["beta1"], h["beta2"]
         m = b1 * S.get("m", 0) + (1 - b1) * g
+        if eps_in_max:  # torch.optim.Adamax / optax.adamax
+            u = np.maximum(b2 * S.get("u", 0), np.abs(g) + h["eps"])
+            return {"m": m, "u": u}, (h["lr"] / (1 - b1 ** t)) * m / u
         u = np.maximum(b2 * S.get("u", 0), np.abs(g))
         return {"m": m, "u": u}, (h["lr"] / (1 - b1 ** t)) * m / (u + h["eps"])
     return f
@@ -176,12 +179,13 @@ def r_amsgrad(h, correction="none"):
     return f
 
 
-def r_nadam(h):
+def r_nadam(h, b2_factor=True):
     def f(S, x, g, t):
         b1, b2 = h["beta1"], h["beta2"]
         m, v = adam_moments(S, g, b1, b2)
         num = b1 * m / (1 - b1 * b1 ** t) + (1 - b1) * g / (1 - b1 ** t)
-        return {"m": m, "v": v}, h["lr"] * num / (np.sqrt(v * b2 / (1 - b2 ** t)) + h["eps"])
+        vhat = v * (b2 if b2_factor else 1.0) / (1 - b2 ** t)  # optax.nadam: no b2 factor
+        return {"m": m, "v": v}, h["lr"] * num / (np.sqrt(vhat) + h["eps"])
     return f
 
 
@@ -308,12 +312,14 @@ CASES = [
     (no.RAdam(0.01), lambda r: r_radam(hp(r)), True),
     (no.RAdam(0.01, beta2=0.9, threshold=5.0), lambda r: r_radam(hp(r)), True),
     (no.AdaMax(0.01), lambda r: r_adamax(hp(r)), True),
+    (no.AdaMax(0.01, eps_in_max=True), lambda r: r_adamax(hp(r), True), True),
     (no.OAdam(0.01), lambda r: r_oadam(hp(r)), True),
     (no.AdaDelta(), lambda r: r_adadelta(hp(r)), True),
     (no.AMSGrad(0.01), lambda r: r_amsgrad(hp(r)), True),
     (no.AMSGrad(0.01, initial_value=0.0, correction="torch"), lambda r: r_amsgrad(hp(r), "torch"), True),
     (no.AMSGrad(0.01, initial_value=0.0, correction="optax"), lambda r: r_amsgrad(hp(r), "optax"), True),
     (no.NAdam(0.01), lambda r: r_nadam(hp(r)), True),
+    (no.NAdam(0.01, b2_factor=False), lambda r: r_nadam(hp(r), False), True),
     (no.AdaBelief(0.01), lambda r: r_adabelief(hp(r)), True),
     (no.Lion(0.01, weight_decay=0.1), lambda r: r_lion(hp(r)), False),
     (no.SignDecay(0.1), lambda r: r_signdecay(hp(r)), False),
