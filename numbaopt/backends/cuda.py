@@ -664,8 +664,7 @@ class DeviceGroup:
         return self.update_(model, grad) if inplace else self.update(model, grad)
 
     def _numbaopt_adjust(self, hyper, inplace):
-        members = self.rule.rules
-        probe = Leaf.__new__(Leaf)
+        probe = Leaf.__new__(Leaf)  # the same name checks as for one array
         probe.rule = self.rule
         fresh = Leaf.adjusted_rule(probe, hyper)
         target = self if inplace else self.copy()
@@ -675,7 +674,6 @@ class DeviceGroup:
         target.layout = codegen.ChainLayout(fresh.rules)
         target.scheduled = any(isinstance(r._values[n], Schedule) for r in fresh.rules for n in r._hypers)
         target.hp[:] = target.layout.hyper_vector(target.t + 1, self.dtype)
-        del members
         return target
 
     def to_host(self) -> list:

@@ -341,3 +341,20 @@ def test_a_missing_gradient_is_named_as_such():
     s = no.setup(no.Adam(), xd)
     with pytest.raises(TypeError, match="g: expected a device array for the GPU parameter, got NoneType"):
         no.update_(s, xd, None)
+
+
+def test_group_adjust():
+    xs, gs = _leaves(steps=1)
+    xd = [_dev(x.copy()) for x in xs]
+    gd = [_dev(g) for g in gs[0]]
+    grp = no.setup_device_group(no.Descent(0.5), xd)
+    frozen = no.adjust(grp, lr=0.0)
+    assert grp.rule.lr == 0.5 and frozen.rule.lr == 0.0
+    frozen, xd = no.update_(frozen, xd, gd)
+    assert frozen.t == 1 and all(_host(a).tobytes() == x.tobytes() for a, x in zip(xd, xs))
+    no.adjust_(grp, lr=0.25)
+    grp, xd = no.update_(grp, xd, gd)
+    for a, x, g in zip(xd, xs, gs[0]):
+        np.testing.assert_allclose(_host(a), x - 0.25 * g, rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        no.adjust_(grp, beta=0.1)
