@@ -92,7 +92,7 @@ def bench_numpy_loop(n, steps, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
     return (time.perf_counter() - t0) / steps
 
 
-@njit(cache=True, error_model="numpy")
+@njit(error_model="numpy")  # no cache: a dispatcher argument misses the cache in every process
 def loop_jit_step(step, x, g, S, hp, steps):
     for t in range(1, steps + 1):
         step(x, g, S, hp, t)

@@ -6,7 +6,7 @@ from numba import njit
 import numbaopt as no
 
 
-@njit(cache=True)
+@njit  # no cache=True: a dispatcher argument (step) misses the cache in every process, adding a file
 def user_loop(step, x, g, S, hp, c, lrs, ilr):
     """The documented pattern: the user's own compiled loop (gradient of sum (x - c)^2, a schedule on
     hp[ilr], one rule step per iteration)."""

@@ -11,8 +11,12 @@ import numbaopt as no
 
 STEPS = 10_000
 
+# Not cache=True: Numba's cache would record the module under the name it was first imported by
+# (asv imports it as benchmarks.bench_loops), and loop_jit_step takes a dispatcher argument, which
+# misses the cache in every process anyway. Compiling happens in setup, outside the timings.
 
-@njit(cache=True, error_model="numpy")
+
+@njit(error_model="numpy")
 def quad(x, g, c):
     s = 0.0
     for i in range(x.shape[0]):
@@ -22,14 +26,14 @@ def quad(x, g, c):
     return s
 
 
-@njit(cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def loop_jit_step(step, x, g, S, hp, steps):
     for t in range(1, steps + 1):
         step(x, g, S, hp, t)
     return x[0]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(error_model="numpy")
 def loop_hand_adam(x, g, m, v, steps, lr, b1, b2, eps):
     for t in range(1, steps + 1):
         bc1 = 1.0 - b1 ** t
