@@ -124,7 +124,10 @@ def _flat(src, n):
     if type(src).__name__ != "FakeCUDAArray" and not cuda.is_cuda_array(src):
         raise TypeError(f"not a CUDA array: {type(src).__name__}")
     if type(src).__name__ != "FakeCUDAArray" and not hasattr(src, "copy_to_host"):
-        src = cuda.as_cuda_array(src)
+        cai = src.__cuda_array_interface__
+        # kernels run on the legacy default stream, ordered after work on it (CAI stream 1) and on
+        # per-thread default streams (2); only another producer stream needs a host synchronisation
+        src = cuda.from_cuda_array_interface(cai, owner=src, sync=cai.get("stream") not in (None, 1, 2))
     return src.reshape(n) if src.ndim != 1 else src
 
 
