@@ -83,8 +83,9 @@ def _kind(obj) -> str:
     return "other"
 
 
-def _info(obj, where):
-    """``(numba device view or None, shape, dtype, address)`` of a device array, checking contiguity."""
+def _info(obj, where, write=True):
+    """``(array to launch with, shape, dtype, address)`` of a device array, checking contiguity (and, for
+    an array to be written, that it is not read-only)."""
     if type(obj).__name__ == "FakeCUDAArray":
         ary = obj._ary
         if not ary.flags.c_contiguous:
@@ -102,7 +103,7 @@ def _info(obj, where):
             acc *= s
         if any(n > 1 and s != e for n, s, e in zip(shape, strides, reversed(expect))):
             raise ValueError(f"{where}: expected a C-contiguous device array (strides {strides})")
-    if cai["data"][1]:
+    if write and cai["data"][1]:
         raise ValueError(f"{where}: the device array is read-only")
     return src, shape, dtype, int(cai["data"][0] or 0)
 
@@ -343,7 +344,7 @@ class DeviceLeaf(Leaf):
             if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
                 raise _host_side_error("g", g, type(x).__name__)
             raise TypeError(f"g: expected a device array for the GPU parameter, got {type(g).__name__}")
-        gs, gshape, gdtype, _ = _info(g, "g")
+        gs, gshape, gdtype, _ = _info(g, "g", write=False)
         if tuple(gshape) != self.shape:
             raise ValueError(f"g: shape {tuple(gshape)}, expected {self.shape}")
         if gdtype != self.dtype:
@@ -469,7 +470,7 @@ def tree_grad(g, dtype, shape, where, tied=False):
     if tied:
         raise NotImplementedError(f"{where}: a device array that appears twice in the model (tied); the "
                                   "CUDA backend does not sum tied gradients yet")
-    _, gshape, gdtype, _ = _info(g, where)
+    _, gshape, gdtype, _ = _info(g, where, write=False)
     if tuple(gshape) != tuple(shape):
         raise ValueError(f"{where}: shape {tuple(gshape)}, expected {tuple(shape)}")
     if gdtype != dtype:
@@ -573,7 +574,7 @@ class DeviceGroup:
                 if what == "grads" and (isinstance(o, np.ndarray) or hasattr(o, "__array__")):
                     raise _host_side_error(f"grads[{i}]", o, "device parameters")
                 raise TypeError(f"{what}[{i}]: expected a device array, got {type(o).__name__}")
-            _, shape, dt, a = _info(o, f"{what}[{i}]")
+            _, shape, dt, a = _info(o, f"{what}[{i}]", write=what != "grads")
             if tuple(shape) != self.shapes[i]:
                 raise ValueError(f"{what}[{i}]: shape {tuple(shape)}, expected {self.shapes[i]}")
             if dt != self.dtype:
@@ -653,7 +654,7 @@ class DeviceGroup:
         for i, p in enumerate(params):
             if not is_device_array(p):
                 raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
-            src, shape, dt, _ = _info(p, f"params[{i}]")
+            src, shape, dt, _ = _info(p, f"params[{i}]", write=False)
             o = _empty_like(_kind(p), p, shape, dt)
             _flat(_info(o, "out")[0], int(np.prod(shape, dtype=np.int64))).copy_to_device(
                 _flat(src, int(np.prod(shape, dtype=np.int64))))
