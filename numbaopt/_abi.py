@@ -168,3 +168,11 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
         out[0, d] = _load_i64(p + 16)
         out[1, d] = _load_i64(g + 16)
     return -1
+
+
+@njit(cache=True, error_model="numpy")
+def data_pointers(ids, out):
+    """``out[j]`` = the data pointer of the ndarray at address ``ids[j]`` (the caller knows they are
+    exact ndarrays, alive for the call)."""
+    for j in range(ids.shape[0]):
+        out[j] = _load_i64(ids[j] + 16)

@@ -30,7 +30,7 @@ from .backends import cpu
 from .backends import cuda as _cuda  # device leaves (imports numba.cuda only when it meets one)
 from .chain import Chain
 from .leaf import Leaf, as_rule, check_param_dtype
-from .params import param_info
+from .params import ParamInfo, _new_readonly, param_info
 from .rule import Rule
 from .tree import StateNode, StateTree, flatten, rebuild, walk_leaves, where
 
@@ -299,36 +299,62 @@ def _prepare(state, model, grads):
     for p in s.trained_pos:
         u = s.pos_u[p]
         x = xs[p]
-        w = where("model", s.paths[p])
-        try:
-            info = param_info(x)
-        except TypeError as e:
-            raise TypeError(f"{w}: {e}") from None
         shape, dtype = s.u_shape[u], s.u_dtype[u]
-        if info is None:
-            raise TypeError(f"{w}: expected a {dtype} parameter of shape {shape}, got {type(x).__name__}")
-        if info.dtype != dtype:
-            raise TypeError(f"{w}: dtype {info.dtype}, but the state was set up for {dtype}")
-        if tuple(info.shape) != shape:
-            raise ValueError(f"{w}: shape {tuple(info.shape)}, but the state was set up for shape {shape}")
+        if type(x) is np.ndarray and x.dtype == dtype and x.shape == shape:
+            # the common leaf, classified without the trait's dispatch (same answer as param_info)
+            info = _ND_W if x.flags.writeable else _ND_RO
+        else:
+            w = where("model", s.paths[p])
+            try:
+                info = param_info(x)
+            except TypeError as e:
+                raise TypeError(f"{w}: {e}") from None
+            _check_leaf(info, x, dtype, shape, w)
         if info.tieable:
             u0 = seen.setdefault(id(x), u)
             if u0 != u:
+                w = where("model", s.paths[p])
                 raise ValueError(f"{w}: the same array as model{s.paths[s.u_positions[u0][0]]}, but the "
                                  "state was set up for two different arrays (set up a new state)")
         if xu[u] is None:
             xu[u], iu[u] = x, info
         elif xu[u] is not x:
-            raise ValueError(f"{w}: the state was set up with this leaf tied to model"
+            raise ValueError(f"{where('model', s.paths[p])}: the state was set up with this leaf tied to model"
                              f"{s.paths[s.u_positions[u][0]]} (the same array); now they differ")
         g = gs[p]
         if g is not None:
             if info.backend == "cuda":
                 g = _cuda.tree_grad(g, dtype, shape, where("grads", s.paths[p]), gu[u] is not None)
-            else:
+            elif not (type(g) is np.ndarray and g.dtype == dtype and g.shape == shape):
                 g = _grad_array(g, dtype, shape, where("grads", s.paths[p]))
             gu[u] = g if gu[u] is None else gu[u] + g
     return xu, iu, gu
+
+
+def _check_leaf(info, x, dtype, shape, w):
+    if info is None:
+        raise TypeError(f"{w}: expected a {dtype} parameter of shape {shape}, got {type(x).__name__}")
+    if info.dtype != dtype:
+        raise TypeError(f"{w}: dtype {info.dtype}, but the state was set up for {dtype}")
+    if tuple(info.shape) != shape:
+        raise ValueError(f"{w}: shape {tuple(info.shape)}, but the state was set up for shape {shape}")
+
+
+# what param_info says of a (writeable / read-only) ndarray, less dtype and shape (checked by the caller)
+_ND_W = ParamInfo(dtype=None, shape=(), writeable=True, kind="array")
+_ND_RO = ParamInfo(dtype=None, shape=(), writeable=False, from_array=_new_readonly, kind="read-only array")
+
+
+def _addresses(arrays) -> np.ndarray:
+    """Data pointers of many ndarrays (compiled header reads when the layout was verified)."""
+    n = len(arrays)
+    out = np.empty(n, dtype=np.int64)
+    if _abi.OK:
+        _abi.data_pointers(np.fromiter(map(id, arrays), np.int64, n), out)
+    else:
+        for i, a in enumerate(arrays):
+            out[i] = a.ctypes.data
+    return out
 
 
 def _run_groups(state, groups, xu, iu, gu, inplace):
@@ -370,8 +396,8 @@ def _run_groups(state, groups, xu, iu, gu, inplace):
     jobs.sort(key=lambda j: not j[1].reducer)
     new = {}
     for gi, grp, js, targets, grads, post in jobs:
-        xaddr = np.array([t.ctypes.data for t in targets], dtype=np.int64)
-        gaddr = np.array([g.ctypes.data for g in grads], dtype=np.int64)
+        xaddr = _addresses(targets)
+        gaddr = _addresses(grads)
         status = _call(grp, js, xaddr, gaddr)
         if status == 0:
             for (u, how, a), t in zip(post, targets):

@@ -248,6 +248,17 @@ def _build(header, data) -> StateTree:
     s.pos_param = [bool(b) for b in header["pos_param"]]
     if len(s.pos_u) != npos or len(s.pos_param) != npos:
         raise ValueError("position tables do not match the tree")
+
+    def mark(n):
+        if n.spec is None:
+            n.trained = s.pos_u[n.pos] is not None
+        else:
+            for c in n.children:
+                mark(c)
+            if n.trained != any(c.trained for c in n.children):
+                raise ValueError("trained flags do not match the positions")
+
+    mark(s.root)
     s.trained_pos = [p for p, u in enumerate(s.pos_u) if u is not None]
     units = header["units"]
     s.n_unique = len(units)

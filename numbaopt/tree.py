@@ -325,7 +325,20 @@ def walk_leaves(node, obj, prefix, out, none_ok: bool, path=()):
     if not same_type(node, obj):
         raise TypeError(f"{where(prefix, path)}: expected {_describe(node)}, got {type(obj).__name__}")
     spec = container_spec(obj)
-    items = spec.children(obj)
+    name = spec.name
+    if name in ("list", "tuple", "namedtuple", "dataclass", "frozen dataclass"):
+        # children read directly (no PathEntry objects): the general path walks every step
+        if name in ("dataclass", "frozen dataclass"):
+            vals = [getattr(obj, e.key) for e in node.entries]  # same type: same fields
+        else:
+            vals = obj
+            if len(vals) != len(node.entries):
+                raise ValueError(f"{where(prefix, path)}: {len(vals)} children, expected {len(node.entries)}")
+        for v, e, child in zip(vals, node.entries, node.children):
+            if child.trained:
+                walk_leaves(child, v, prefix, out, none_ok, path + (e,))
+        return
+    items = obj if isinstance(obj, dict) else spec.children(obj)
     if len(items) != len(node.entries):
         if node.spec.name == "dict" or isinstance(obj, dict):
             missing = [e.key for e in node.entries if e.key not in obj]
@@ -363,11 +376,14 @@ def rebuild(node, obj, new: dict, inplace: bool):
     if not any(p in new for p in range(node.lo, node.hi)):
         return obj
     spec = container_spec(obj)
-    items = spec.children(obj)
     if isinstance(obj, dict):
         vals = [obj[e.key] for e in node.entries]
+    elif spec.name in ("dataclass", "frozen dataclass"):
+        vals = [getattr(obj, e.key) for e in node.entries]
+    elif spec.name in ("list", "tuple", "namedtuple"):
+        vals = list(obj)
     else:
-        vals = [v for _, v in items]
+        vals = [v for _, v in spec.children(obj)]
     newvals = [rebuild(c, v, new, inplace) for c, v in zip(node.children, vals)]
     if inplace and spec.setitem is not None:
         for e, v, nv in zip(node.entries, vals, newvals):
