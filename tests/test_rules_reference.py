@@ -542,12 +542,12 @@ def test_float32_catalog_kernels_contain_no_float64(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = textwrap.dedent("""
         import numpy as np, numbaopt as no
-        rules = [no.Momentum(lr_outside=True), no.RMSProp(eps_in_sqrt=True, centred=True),
-                 no.AdaGrad(eps_in_sqrt=True), no.Rprop(), no.RAdam(), no.AdaMax(), no.OAdam(), no.AdaDelta(),
-                 no.AMSGrad(correction="torch"), no.AMSGrad(correction="optax"), no.NAdam(), no.AdaBelief(),
-                 no.Lion(), no.SignDecay(), no.Yogi(), no.Adan(), no.Signum(), no.Trace(nesterov=True),
-                 no.LAMBDirection(), no.Lookahead(no.Adam())]
-        cplx = [no.Adan(), no.AMSGrad(correction="optax"), no.RMSProp(eps_in_sqrt=True, centred=True)]
+        # the rules whose definitions use constructs that could promote: min/max with literals, string
+        # options, sign, per-step scalars from t (several rules in one chain: one compile)
+        rules = [no.chain(no.Rprop(), no.AMSGrad(correction="torch")),
+                 no.chain(no.RAdam(), no.AdaMax(eps_in_max=True), no.NAdam(b2_factor=False)),
+                 no.chain(no.Lion(), no.Yogi(), no.Signum()), no.Lookahead(no.Adan())]
+        cplx = [no.chain(no.Adan(), no.AMSGrad(correction="optax"), no.RMSProp(eps_in_sqrt=True, centred=True))]
         for dtype, rs in ((np.float32, rules), (np.complex64, cplx)):
             for r in rs:
                 x = np.ones(8, dtype)
@@ -563,5 +563,5 @@ def test_float32_catalog_kernels_contain_no_float64(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[-1] == "control True" and len(lines) > 20
+    assert lines[-1] == "control True" and len(lines) >= 6
     assert [ln for ln in lines[:-1] if not ln.endswith("False")] == []
