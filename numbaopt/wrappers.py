@@ -90,7 +90,15 @@ class AccumGradState:
 
     @property
     def rule(self):
-        return self.wrapper
+        """The rule that runs (inside the wrapper; ``wrapper`` is the AccumGrad itself)."""
+        return self.inner.rule
+
+    def _numbaopt_adjust(self, hyper, inplace):
+        from . import api
+        if inplace:
+            self.inner = api.adjust_(self.inner, **hyper)
+            return self
+        return AccumGradState(self.wrapper, api.adjust(self.inner, **hyper), self.acc.copy(), self.count)
 
     def _numbaopt_update(self, model, grad, inplace):
         from . import api
@@ -180,7 +188,16 @@ class MixedPrecisionState:
 
     @property
     def rule(self):
-        return self.wrapper
+        """The rule that runs on the master copy (``wrapper`` is the MixedPrecision itself)."""
+        return self.inner.rule
+
+    def _numbaopt_adjust(self, hyper, inplace):
+        from . import api
+        if inplace:
+            self.inner = api.adjust_(self.inner, **hyper)
+            return self
+        return MixedPrecisionState(self.wrapper, api.adjust(self.inner, **hyper), self.master.copy(),
+                                   self.param_dtype)
 
     def _numbaopt_update(self, model, grad, inplace):
         from . import api

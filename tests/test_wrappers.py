@@ -122,3 +122,20 @@ def test_wrappers_in_a_tree():
     s2, m2 = no.update(s, model, {"a": np.full(3, 3.0), "b": np.ones(2, dtype=np.float16)})
     assert (m2["a"] == -1).all() and (m2["b"] == 0).all() and m2["b"].dtype == np.float16
     assert (model["a"] == 1).all() and (model["b"] == 0.5).all()  # the pure update left them alone
+
+
+def test_adjust_reaches_the_inner_rule():
+    x = np.ones(3, dtype=np.float16)
+    s = no.setup(no.MixedPrecision(np.float32, no.AccumGrad(1, no.Descent(0.5))), x)
+    s2 = no.adjust(s, lr=0.25)
+    assert s.rule == no.Descent(0.5) and s2.rule == no.Descent(0.25)
+    s2, x2 = no.update(s2, x, np.ones(3, dtype=np.float16))
+    assert (x2 == 0.75).all() and (x == 1).all()
+    no.adjust_(s, lr=0.125)
+    s, x = no.update_(s, x, np.ones(3, dtype=np.float16))
+    assert (x == 0.875).all()
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        no.adjust(s, beta=0.1)
+    tree = no.setup(no.AccumGrad(2, no.Adam()), {"w": np.ones(2)})
+    tree = no.adjust(tree, lr=0.5)
+    assert "lr=0.5" in repr(tree)
