@@ -420,6 +420,10 @@ def test_clipnorm_leaves_small_gradients_alone():
     g = np.array([1.0, -2.0, 0.5, 0.0])
     s, x2 = no.update(s, x, g)
     assert x2.tobytes() == (x - g).tobytes()
+    for p in (1, 2, math.inf):  # a zero gradient has norm 0: scale min(max_norm/0, 1) = 1, no error
+        s = no.setup(no.chain(no.ClipNorm(1.0, p=p), no.Descent(1.0)), x)
+        s, x3 = no.update(s, x, np.zeros(4))
+        assert s.t == 1 and (x3 == 0).all()
 
 
 def test_reduction_serial_equals_threaded_bitwise():
