@@ -43,8 +43,10 @@ class AccumGrad:
     """Accumulate ``n`` gradients, then apply ``rule`` once with their mean.
 
     Calls 1..n-1 of every cycle change neither the parameter nor the inner state; call n applies the
-    inner step to ``(g_1 + ... + g_n) / n`` (summed in the parameter's precision). As Optimisers.jl's
-    ``AccumGrad(n)`` in front of a rule, or optax's ``MultiSteps(rule, every_k_schedule=n)``.
+    inner step to ``(g_1 + ... + g_n) / n`` (summed in the parameter's precision; put it inside
+    ``MixedPrecision`` to sum float16 gradients in float32). Optimisers.jl's
+    ``OptimiserChain(AccumGrad(n), rule)`` is ``AccumGrad(n, rule)`` here; optax's
+    ``MultiSteps(rule, every_k_schedule=n)`` is the same.
     """
 
     __slots__ = ("n", "rule")
