@@ -171,8 +171,11 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
 
 
 @njit(cache=True, error_model="numpy")
-def data_pointers(ids, out):
-    """``out[j]`` = the data pointer of the ndarray at address ``ids[j]`` (the caller knows they are
-    exact ndarrays, alive for the call)."""
+def data_pointers(ids, arraytype, out):
+    """``out[j]`` = the data pointer of the ndarray at address ``ids[j]`` (objects alive for the call).
+    Returns -1, or the first ``j`` that is not an exact ndarray (its header is not read)."""
     for j in range(ids.shape[0]):
+        if _load_i64(ids[j] + 8) != arraytype:
+            return j
         out[j] = _load_i64(ids[j] + 16)
+    return -1

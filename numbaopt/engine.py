@@ -327,7 +327,8 @@ def _prepare(state, model, grads):
                 g = _cuda.tree_grad(g, dtype, shape, where("grads", s.paths[p]), gu[u] is not None)
             elif not (type(g) is np.ndarray and g.dtype == dtype and g.shape == shape):
                 g = _grad_array(g, dtype, shape, where("grads", s.paths[p]))
-            gu[u] = g if gu[u] is None else gu[u] + g
+            # np.add of 0-d arrays gives a NumPy scalar: keep an ndarray (the kernel reads its header)
+            gu[u] = g if gu[u] is None else np.asarray(gu[u] + g)
     return xu, iu, gu
 
 
@@ -346,14 +347,16 @@ _ND_RO = ParamInfo(dtype=None, shape=(), writeable=False, from_array=_new_readon
 
 
 def _addresses(arrays) -> np.ndarray:
-    """Data pointers of many ndarrays (compiled header reads when the layout was verified)."""
+    """Data pointers of many ndarrays (compiled header reads when the layout was verified).
+
+    Every element must be an ``np.ndarray`` (not a NumPy scalar): the callers make sure of it.
+    """
     n = len(arrays)
     out = np.empty(n, dtype=np.int64)
-    if _abi.OK:
-        _abi.data_pointers(np.fromiter(map(id, arrays), np.int64, n), out)
-    else:
-        for i, a in enumerate(arrays):
-            out[i] = a.ctypes.data
+    if _abi.OK and _abi.data_pointers(np.fromiter(map(id, arrays), np.int64, n), _ARRAY_TYPE, out) == -1:
+        return out
+    for i, a in enumerate(arrays):  # no verified layout, or an ndarray subclass
+        out[i] = np.asarray(a).ctypes.data
     return out
 
 
@@ -372,21 +375,26 @@ def _run_groups(state, groups, xu, iu, gu, inplace):
         grp = groups[gi]
         js = np.array([s.u_j[u] for u in us], dtype=np.int64)
         targets, grads, post = [], [], []
+        dt = grp.dtype
+        # the kernel needs only data pointers: contiguous arrays are passed as they are (no views)
         for u in us:
             x, info = xu[u], iu[u]
-            a = info.to_array(x)
+            a = x if (info is _ND_W or info is _ND_RO) else info.to_array(x)
             if inplace and info.writeable:
-                if a.flags.c_contiguous and a.flags.aligned and a.dtype == grp.dtype and a.dtype.isnative:
-                    t = a.reshape(-1)
+                if type(a) is np.ndarray and a.flags.carray and a.dtype == dt:  # C-contiguous, aligned, writeable
+                    t = a
                     post.append((u, None, None))
                 else:
-                    t = np.ascontiguousarray(a, dtype=grp.dtype).reshape(-1).copy()
+                    t = np.array(a, dtype=dt, order="C", copy=True)
                     post.append((u, "back", a))
             else:
-                t = np.array(a, dtype=grp.dtype, order="C", copy=True).reshape(-1)
+                t = np.array(a, dtype=dt, order="C", copy=True)
                 post.append((u, "new", None))
             targets.append(t)
-            grads.append(np.ascontiguousarray(gu[u], dtype=grp.dtype).reshape(-1))
+            g = gu[u]
+            if type(g) is not np.ndarray or not (g.flags.c_contiguous and g.flags.aligned and g.dtype == dt):
+                g = np.array(g, dtype=dt, order="C")  # an exact, contiguous ndarray: _addresses reads headers
+            grads.append(g)
         tsub = grp.ts[js]
         if grp.scheduled and tsub.size and tsub.min() != tsub.max() and grp.tree_scope:
             raise NotImplementedError(f"{grp.rule!r}: scheduled hyperparameters with a tree-scope reduction "
@@ -402,7 +410,7 @@ def _run_groups(state, groups, xu, iu, gu, inplace):
         if status == 0:
             for (u, how, a), t in zip(post, targets):
                 if how == "back":
-                    a[...] = t.reshape(a.shape)
+                    a[...] = t
                 elif how == "new":
                     new[u] = iu[u].from_array(t.reshape(s.u_shape[u]), xu[u])
         elif status == 1:

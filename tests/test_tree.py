@@ -487,3 +487,15 @@ def test_skip_non_finite_skips_the_whole_tree(pure):
     assert all(leaf.t == 1 and leaf.skipped == 1 for _, leaf in state.leaves())
     state, model = no.update_(state, model, good)
     assert all(leaf.t == 2 for _, leaf in state.leaves())
+
+
+def test_tied_zero_d_arrays_and_scalar_sums():
+    # the sum of two 0-d gradients is a NumPy scalar, which must become an array again
+    w = np.array(2.0)
+    model = {"a": w, "b": [w, np.array(1.0, np.float32)]}
+    grads = {"a": np.array(1.0), "b": [np.array(0.5), np.float32(2.0)]}
+    state = no.setup(no.Descent(0.5), model)
+    s1, pure = no.update(state, model, grads)
+    assert pure["a"] is pure["b"][0] and float(pure["a"]) == 2.0 - 0.5 * 1.5
+    state, out = no.update_(state, model, grads)
+    assert out["a"] is w and float(w) == 1.25 and float(out["b"][1]) == 0.0
