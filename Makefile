@@ -20,6 +20,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+test-cudasim: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
