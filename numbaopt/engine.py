@@ -123,7 +123,7 @@ class Structure:
                  "u_shape", "u_dtype", "u_kind", "u_positions", "u_host", "u_tieable", "gather")
 
     def __init__(self):
-        self.gather = None
+        self.gather = {}  # generated gather functions, by the tuple of positions they list
 
 
 def _is_host(rule) -> bool:
@@ -295,6 +295,7 @@ def _prepare(state, model, grads):
     walk_leaves(s.root, grads, "grads", gs, True)
     U = s.n_unique
     xu, iu, gu = [None] * U, [None] * U, [None] * U
+    frozen = state._frozen
     seen = {}
     for p in s.trained_pos:
         u = s.pos_u[p]
@@ -322,7 +323,7 @@ def _prepare(state, model, grads):
             raise ValueError(f"{where('model', s.paths[p])}: the state was set up with this leaf tied to model"
                              f"{s.paths[s.u_positions[u][0]]} (the same array); now they differ")
         g = gs[p]
-        if g is not None:
+        if g is not None and not frozen[u]:  # a frozen leaf's gradient is ignored, as in the fast path
             if info.backend == "cuda":
                 g = _cuda.tree_grad(g, dtype, shape, where("grads", s.paths[p]), gu[u] is not None)
             elif not (type(g) is np.ndarray and g.dtype == dtype and g.shape == shape):
@@ -575,29 +576,39 @@ def _gen_gather(s, order):
 
 
 class _FastPlan:
-    """``update_`` on a model whose trained leaves are all writeable contiguous arrays."""
+    """``update_`` on a model whose trained, unfrozen leaves are all writeable arrays (no ties, no
+    wrapped rules). Frozen leaves are left out of the gather and of the kernel calls."""
 
     __slots__ = ("gather", "params", "tab", "dims", "out", "calls")
 
     @staticmethod
     def build(state, xu, iu, model):
         s = state._s
-        if s.n_unique == 0 or any(s.u_host) or state._frozen.any() or len(s.trained_pos) != s.n_unique:
+        frozen = state._frozen
+        if s.n_unique == 0 or any(s.u_host) or len(s.trained_pos) != s.n_unique:
             return None
-        for u in range(s.n_unique):
+        # position order; one unique leaf per position (no ties)
+        order = [p for p in s.trained_pos if not frozen[s.pos_u[p]]]
+        if not order:
+            return None
+        us = [s.pos_u[p] for p in order]
+        for u in us:
             x = xu[u]
             if type(x) is not np.ndarray or not iu[u].writeable:
                 return None
-        order = list(s.trained_pos)  # position order; one unique leaf per position (no ties)
-        if s.gather is None:
+        old = state._fast
+        if old is not None and len(old.params) == len(us) and all(a is xu[u] for a, u in zip(old.params, us)):
+            return old  # the same arrays: the plan stands
+        key = tuple(order)
+        gather = s.gather.get(key)
+        if gather is None:
             src, consts = _gen_gather(s, order)
             ns = dict(consts)
             exec(compile(src, "<numbaopt tree gather>", "exec"), ns)
-            s.gather = ns["gather"]
+            gather = s.gather[key] = ns["gather"]
         fp = _FastPlan()
-        fp.gather = s.gather
+        fp.gather = gather
         n = len(order)
-        us = [s.pos_u[p] for p in order]
         fp.params = [xu[u] for u in us]  # strong references: an id in the plan is never reused
         ndims = [len(s.u_shape[u]) for u in us]
         dimstart = np.zeros(n, dtype=np.int64)
@@ -605,22 +616,34 @@ class _FastPlan:
             np.cumsum(ndims[:-1], out=dimstart[1:])
         fp.dims = np.array([d for u in us for d in s.u_shape[u]] or [0], dtype=np.int64)
         # destination slot: group-major, so each group's addresses are one contiguous slice
-        start, acc = {}, 0
-        for gi, g in enumerate(state._groups):
+        members = {}
+        for u in us:
+            members.setdefault(s.u_group[u], []).append(u)
+        start, acc, slot = {}, 0, {}
+        for gi in sorted(members):
             start[gi] = acc
-            acc += len(g.sizes)
+            for k, u in enumerate(sorted(members[gi], key=lambda u: s.u_j[u])):
+                slot[u] = acc + k
+            acc += len(members[gi])
         fp.tab = np.empty((n, 6), dtype=np.int64)
         fp.tab[:, 0] = [id(x) for x in fp.params]
         fp.tab[:, 1] = 1
         fp.tab[:, 2] = ndims
         fp.tab[:, 3] = dimstart
         fp.tab[:, 4] = [id(np.dtype(s.u_dtype[u])) for u in us]
-        fp.tab[:, 5] = [start[s.u_group[u]] + s.u_j[u] for u in us]
+        fp.tab[:, 5] = [slot[u] for u in us]
         fp.out = np.zeros((2, n), dtype=np.int64)
         calls = []
-        for gi, g in enumerate(state._groups):
-            a, b = start[gi], start[gi] + len(g.sizes)
-            calls.append((g, fp.out[0, a:b], fp.out[1, a:b]))
+        for gi in sorted(members):
+            g = state._groups[gi]
+            k = len(members[gi])
+            a = start[gi]
+            if k == len(g.sizes):
+                js = None
+            else:
+                js = np.array(sorted(s.u_j[u] for u in members[gi]), dtype=np.int64)
+            calls.append((g, fp.out[0, a:a + k], fp.out[1, a:a + k], js,
+                          g.sizes if js is None else g.sizes[js], g.offsets if js is None else g.offsets[js]))
         calls.sort(key=lambda c: not c[0].reducer)
         fp.calls = calls
         return fp
@@ -633,18 +656,26 @@ class _FastPlan:
             return False
         if _abi.gather_lists(id(pl), id(gl), self.tab, self.dims, _ARRAY_TYPE, self.out) != -1:
             return False
-        for g, xa, ga in self.calls:
-            if g.scheduled and g.ts.min() != g.ts.max():
-                return False
-        for g, xa, ga in self.calls:
+        for g, xa, ga, js, sizes, offsets in self.calls:
             if g.scheduled:
-                g.layout.fill_hyper(g.hp, int(g.ts[0]) + 1)
-            status = g.kern.multi(xa, ga, g.sizes, g.offsets, *g.arenas, g.hp, g.ts)
-            if status:
-                if status == 1:
+                ts = g.ts if js is None else g.ts[js]
+                if ts.min() != ts.max():
+                    return False
+        for g, xa, ga, js, sizes, offsets in self.calls:
+            ts = g.ts if js is None else g.ts[js]
+            if g.scheduled:
+                g.layout.fill_hyper(g.hp, int(ts[0]) + 1)
+            status = g.kern.multi(xa, ga, sizes, offsets, *g.arenas, g.hp, ts)
+            if status == 0:
+                if js is not None:
+                    g.ts[js] = ts
+            elif status == 1:
+                if js is None:
                     g.skipped += 1
                 else:
-                    cpu.raise_status(g, status)
+                    g.skipped[js] += 1
+            else:
+                cpu.raise_status(g, status)
         return True
 
 

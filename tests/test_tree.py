@@ -499,3 +499,28 @@ def test_tied_zero_d_arrays_and_scalar_sums():
     assert pure["a"] is pure["b"][0] and float(pure["a"]) == 2.0 - 0.5 * 1.5
     state, out = no.update_(state, model, grads)
     assert out["a"] is w and float(w) == 1.25 and float(out["b"][1]) == 0.0
+
+
+def test_fast_path_with_frozen_leaves(monkeypatch):
+    rng = np.random.default_rng(11)
+    mk = lambda: {"a": [np.ones(3, np.float32), np.ones(2, np.float32)], "b": np.ones(4)}  # noqa: E731
+    steps = [{"a": [rng.standard_normal(3).astype(np.float32), rng.standard_normal(2).astype(np.float32)],
+              "b": rng.standard_normal(4)} for _ in range(3)]
+    for g in steps[1:]:
+        g["a"][1] = np.zeros(5)  # a frozen leaf's gradient is ignored (not even checked)
+    ref_m = mk()
+    s_ref = no.setup(no.Adam(lr=0.1), ref_m)
+    no.freeze_(s_ref["a"][1])
+    for g in steps:
+        s_ref, ref_m = no.update(s_ref, ref_m, g)
+    fast_m = mk()
+    s_fast = no.setup(no.Adam(lr=0.1), fast_m)
+    no.freeze_(s_fast["a"][1])
+    s_fast, fast_m = no.update_(s_fast, fast_m, steps[0])
+    with monkeypatch.context() as mp:
+        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        for g in steps[1:]:
+            s_fast, fast_m = no.update_(s_fast, fast_m, g)
+    np.testing.assert_array_equal(no.destructure(fast_m)[0], no.destructure(ref_m)[0])
+    assert s_fast["a"][1].t == 0 and s_fast["a"][0].t == 3 and s_fast.b.t == 3
+    np.testing.assert_array_equal(fast_m["a"][1], 1.0)

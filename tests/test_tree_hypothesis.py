@@ -70,15 +70,20 @@ def flat(m):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sp=spec, seed=st.integers(0, 2 ** 16), drop=st.booleans())
-def test_random_trees_update_equals_update_(sp, seed, drop):
+@given(sp=spec, seed=st.integers(0, 2 ** 16), drop=st.booleans(), freeze=st.booleans())
+def test_random_trees_update_equals_update_(sp, seed, drop, freeze):
     rng = np.random.default_rng(seed)
     model = build(sp, rng, [])
     m_inpl = copy.deepcopy(model)  # deepcopy keeps ties (memo) and read-only flags
     rule = no.AdamW(lr=0.05, weight_decay=0.01)
     s_pure = no.setup(rule, model)
     s_inpl = no.setup(rule, m_inpl)
-    for _ in range(2):
+    if freeze:  # the same random leaves frozen in both
+        for (_, a), (_, b) in zip(s_pure.leaves(), s_inpl.leaves()):
+            if rng.random() < 0.3:
+                no.freeze_(a)
+                no.freeze_(b)
+    for _ in range(3):
         g = grads_like(model, rng, drop)
         before, g_before = copy.deepcopy(model), copy.deepcopy(g)
         s_pure, new = no.update(s_pure, model, g)
