@@ -486,6 +486,14 @@ class StateTree(StateNode):
         object.__setattr__(self, "_leafcache", {})
         object.__setattr__(self, "_fast", None)
 
+    def __copy__(self):
+        from .engine import copy_state
+        return copy_state(self)
+
+    def __deepcopy__(self, memo):
+        from .engine import copy_state
+        return copy_state(self)  # new arenas, step counts and flags; the structure is shared (immutable)
+
     def _leaf_at(self, pos):
         u = self._s.pos_u[pos]
         if u is None:

@@ -524,3 +524,13 @@ def test_fast_path_with_frozen_leaves(monkeypatch):
     np.testing.assert_array_equal(no.destructure(fast_m)[0], no.destructure(ref_m)[0])
     assert s_fast["a"][1].t == 0 and s_fast["a"][0].t == 3 and s_fast.b.t == 3
     np.testing.assert_array_equal(fast_m["a"][1], 1.0)
+
+
+def test_deepcopy_of_a_state_is_independent():
+    model = [np.ones(2), np.ones(3)]
+    state = no.setup(no.Momentum(lr=0.1), model)
+    no.freeze_(state[1])
+    twin = copy.deepcopy(state)
+    state, model = no.update_(state, model, [np.ones(2), np.ones(3)])
+    assert state[0].t == 1 and twin[0].t == 0 and twin._frozen[1]
+    np.testing.assert_array_equal(twin[0].state["v"], 0.0)
