@@ -534,3 +534,20 @@ def test_deepcopy_of_a_state_is_independent():
     state, model = no.update_(state, model, [np.ones(2), np.ones(3)])
     assert state[0].t == 1 and twin[0].t == 0 and twin._frozen[1]
     np.testing.assert_array_equal(twin[0].state["v"], 0.0)
+
+
+def test_array_likes_are_immutable_leaves():
+    class Frozen1D:  # an __array__ object NumPy cannot write through (like a JAX array)
+        def __init__(self, values):
+            self._v = np.array(values, dtype=np.float32)
+
+        def __array__(self, dtype=None, copy=None):
+            return self._v.copy()
+
+    leaf = Frozen1D([1.0, 2.0])
+    model = {"p": leaf}
+    state = no.setup(no.Descent(0.5), model)
+    state, out = no.update_(state, model, {"p": np.ones(2, np.float32)})
+    assert out["p"] is not leaf and type(out["p"]) is np.ndarray and out["p"].dtype == np.float32
+    np.testing.assert_array_equal(out["p"], [0.5, 1.5])
+    np.testing.assert_array_equal(leaf._v, [1.0, 2.0])
