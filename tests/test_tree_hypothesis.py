@@ -1,5 +1,6 @@
 """Random trees: ``update`` equals ``update_`` bitwise, and ``update`` modifies nothing passed in."""
 import copy
+import dataclasses
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -8,17 +9,30 @@ from hypothesis import strategies as st
 import numbaopt as no
 
 leaf = st.one_of(
-    st.tuples(st.just("arr"), st.sampled_from(["float32", "float64"]),
+    st.tuples(st.just("arr"), st.sampled_from(["float32", "float64", "complex128"]),
               st.lists(st.integers(1, 3), max_size=2).map(tuple), st.sampled_from(["w", "ro", "nc"])),
     st.just(("float",)), st.just(("str",)), st.just(("int",)), st.just(("tie",)), st.just(("none",)),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenPair:
+    left: object
+    right: object
+
+
+@dataclasses.dataclass
+class Box:
+    item: object
 
 
 def containers(kids):
     return st.one_of(
         st.lists(kids, min_size=1, max_size=3).map(lambda v: ("list", v)),
         st.lists(kids, min_size=1, max_size=3).map(lambda v: ("tuple", v)),
-        st.dictionaries(st.sampled_from("abcd"), kids, min_size=1, max_size=3).map(lambda d: ("dict", d)))
+        st.dictionaries(st.sampled_from("abcd"), kids, min_size=1, max_size=3).map(lambda d: ("dict", d)),
+        st.tuples(kids, kids).map(lambda v: ("frozen", v)),
+        kids.map(lambda v: ("box", v)))
 
 
 spec = containers(st.recursive(leaf, containers, max_leaves=6))  # the root is a container
@@ -32,12 +46,14 @@ def build(sp, rng, pool):
         return tuple(build(s, rng, pool) for s in sp[1])
     if kind == "dict":
         return {k: build(s, rng, pool) for k, s in sp[1].items()}
+    if kind == "frozen":
+        return FrozenPair(build(sp[1][0], rng, pool), build(sp[1][1], rng, pool))
+    if kind == "box":
+        return Box(build(sp[1], rng, pool))
     if kind == "arr":
         _, dt, shape, flag = sp
-        if flag == "nc":
-            a = rng.standard_normal(shape + (2,)).astype(dt)[..., 0]
-        else:
-            a = rng.standard_normal(shape).astype(dt)
+        a = rng.standard_normal(shape + (2,)) + (1j * rng.standard_normal(shape + (2,)) if dt == "complex128" else 0)
+        a = a.astype(dt)[..., 0] if flag == "nc" else np.ascontiguousarray(a.astype(dt)[..., 0])
         if flag == "ro":
             a.flags.writeable = False
         pool.append(a)
@@ -50,6 +66,10 @@ def build(sp, rng, pool):
 
 
 def grads_like(m, rng, drop):
+    if isinstance(m, FrozenPair):
+        return FrozenPair(grads_like(m.left, rng, drop), grads_like(m.right, rng, drop))
+    if isinstance(m, Box):
+        return Box(grads_like(m.item, rng, drop))
     if isinstance(m, list):
         return [grads_like(v, rng, drop) for v in m]
     if isinstance(m, tuple):
@@ -59,7 +79,8 @@ def grads_like(m, rng, drop):
     if drop and rng.random() < 0.2:
         return None
     if isinstance(m, np.ndarray):
-        return rng.standard_normal(m.shape).astype(m.dtype)
+        g = rng.standard_normal(m.shape) + (1j * rng.standard_normal(m.shape) if m.dtype.kind == "c" else 0)
+        return g.astype(m.dtype)
     if isinstance(m, float):
         return float(rng.standard_normal())
     return None
