@@ -125,5 +125,7 @@ def test_setup_errors():
         no.setup(lambda p, x: no.Adam(lr=0.1 if p[-1].key == 0 else 0.2), [w, w])
     with pytest.raises(ValueError, match="unknown hyperparameter 'rate'"):
         no.adjust(no.setup(no.Adam(), [w]), rate=1.0)
+    with pytest.raises(ValueError, match="centred is a compile-time option"):
+        no.adjust_(no.setup(no.RMSProp(), [w]), centred=True)
     with pytest.raises(TypeError, match="freeze_: expected a state tree"):
         no.freeze_(w)
