@@ -709,11 +709,11 @@ def _adjusted_rules(state, hyper):
 
 
 def _host_hypers(h) -> set:
-    """Hyperparameter names a wrapped leaf's state can adjust: through its ``_numbaopt_adjust_`` hook
-    (names from its ``rule``), else through its ``inner`` state (MixedPrecision, AccumGrad)."""
-    inner = getattr(h, "inner", None)
-    rule = getattr(inner, "rule", None) if getattr(h, "_numbaopt_adjust_", None) is None else \
-        getattr(h, "rule", None)
+    """Hyperparameter names of the rule a wrapped or device leaf's state runs (``state.rule``, a rule
+    or chain; a wrapper's ``.rule`` is followed)."""
+    rule = getattr(h, "rule", None)
+    while rule is not None and not hasattr(rule, "rules"):
+        rule = getattr(rule, "rule", None)
     return {n for r in getattr(rule, "rules", ()) for n in getattr(r, "_hypers", ())}
 
 
@@ -725,12 +725,15 @@ def adjust_(state, **hyper):
         kw = {k: v for k, v in hyper.items() if k in _host_hypers(h)}
         if not kw:
             continue
-        hook = getattr(h, "_numbaopt_adjust_", None)
+        hook = getattr(h, "_numbaopt_adjust", None)  # the convention of numbaopt.api.adjust_
         if hook is not None:
-            hook(**kw)
-        else:
+            state._host[u] = hook(kw, True)
+        elif getattr(h, "inner", None) is not None:
             from . import api
             api.adjust_(h.inner, **kw)
+        else:
+            raise NotImplementedError(f"state{state._s.paths[state._s.u_positions[u][0]]}: "
+                                      f"{type(h).__name__} cannot be adjusted (no _numbaopt_adjust)")
     for g, r in zip(state._groups, rules):
         if r is not g.rule:
             g._set_rule(r)
