@@ -125,6 +125,10 @@ def _enc_value(v):
         return v
     if isinstance(v, (np.floating, np.integer)):
         return v.item()
+    if isinstance(v, tuple):
+        return {"tuple": [_enc_value(x) for x in v]}
+    if isinstance(v, list):
+        return [_enc_value(x) for x in v]
     raise TypeError(f"save: hyperparameter value {v!r} cannot be stored")
 
 
@@ -137,6 +141,10 @@ def _dec_value(v):
         obj = cls.__new__(cls)
         obj.__dict__.update({k: _dec_value(x) for k, x in v["state"].items()})
         return obj
+    if isinstance(v, dict) and "tuple" in v:
+        return tuple(_dec_value(x) for x in v["tuple"])
+    if isinstance(v, list):
+        return [_dec_value(x) for x in v]
     return v
 
 

@@ -132,3 +132,17 @@ def test_chains_complex_tuple_keys_and_namedtuples(tmp_path):
     s2, out2 = no.update(s2, m1, grads)
     np.testing.assert_array_equal(no.destructure(out1)[0], no.destructure(out2)[0])
     assert type(out2[("a", 1)]) is P
+
+
+@pytest.mark.parametrize("make", [lambda s: s.linear(0.1, 0.0, 10), lambda s: s.piecewise_constant([0.1, 0.01], [2])])
+def test_scheduled_hyperparameters_round_trip(tmp_path, make):
+    sched = make(no.schedules)
+    m1 = [np.ones(2)]
+    s1 = no.setup(no.Adam(lr=sched), m1)
+    s1, m1 = no.update_(s1, m1, [np.ones(2)])
+    no.save(tmp_path / "s.npz", s1)
+    s2, m2 = no.load(tmp_path / "s.npz"), [m1[0].copy()]
+    for _ in range(3):
+        s1, m1 = no.update_(s1, m1, [np.ones(2)])
+        s2, m2 = no.update_(s2, m2, [np.ones(2)])
+    np.testing.assert_array_equal(m1[0], m2[0])
