@@ -52,8 +52,9 @@ def adam_hand(x, g, m, v, lr, beta1, beta2, eps, t):
     """The reference: what one would write by hand (same operation order as the published formula)."""
     f = np.float32
     lr, b1, b2, eps = f(lr), f(beta1), f(beta2), f(eps)
-    bc1 = f(1) - b1 ** f(t)
-    bc2 = f(1) - b2 ** f(t)
+    # 1 - b**t as numbaopt's one_minus_pow computes it, so that the results can be compared bitwise
+    bc1 = -math.expm1(f(t) * math.log(b1))
+    bc2 = -math.expm1(f(t) * math.log(b2))
     c1 = f(1) - b1
     c2 = f(1) - b2
     for i in range(x.shape[0]):

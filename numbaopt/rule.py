@@ -29,7 +29,7 @@ __all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE"]
 #: Names a ``step``/``reduce`` body may use besides its own arguments (defined in the generated
 #: module's prelude; see ``codegen.PRELUDE``).
 STEP_NAMESPACE = frozenset({
-    "sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "isfinite", "hypot", "exp", "log",
+    "sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "isfinite", "hypot", "exp", "log", "one_minus_pow",
     "min", "max", "abs", "math", "np", "True", "False", "None", "float", "INF",
 })
 

@@ -109,7 +109,7 @@ class Adam(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2):
@@ -136,7 +136,7 @@ class AdamW(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, lr, beta1, beta2, weight_decay, eps, couple, bc1, bc2):
@@ -256,8 +256,8 @@ class RAdam(Rule):
         r = rinf - 2.0 * t * b2t / (1.0 - b2t)
         if r > threshold:
             rect = sqrt((r - 4.0) * (r - 2.0) * rinf / ((rinf - 4.0) * (rinf - 2.0) * r))
-            return 1.0 - beta1 ** t, 1.0 - b2t, rect, 1.0
-        return 1.0 - beta1 ** t, 1.0 - b2t, 0.0 * rinf, 0.0
+            return one_minus_pow(beta1, t), 1.0 - b2t, rect, 1.0
+        return one_minus_pow(beta1, t), 1.0 - b2t, 0.0 * rinf, 0.0
 
     @staticmethod
     def step(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2, rect, use):
@@ -285,7 +285,7 @@ class AdaMax(Rule):
 
     @staticmethod
     def prepare(t, beta1):
-        return (1.0 - beta1 ** t,)
+        return (one_minus_pow(beta1, t),)
 
     @staticmethod
     def step(g, x, m, u, lr, beta1, beta2, eps, eps_in_max, bc1):
@@ -314,7 +314,7 @@ class OAdam(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, term, lr, beta1, beta2, eps, bc1, bc2):
@@ -365,7 +365,7 @@ class AMSGrad(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, vhat, lr, beta1, beta2, eps, correction, bc1, bc2):
@@ -399,7 +399,7 @@ class NAdam(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta1 ** (t + 1.0), 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta1, t + 1.0), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, lr, beta1, beta2, eps, b2_factor, bc1, bc1n, bc2):
@@ -427,7 +427,7 @@ class AdaBelief(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, s, lr, beta1, beta2, eps, bc1, bc2):
@@ -541,7 +541,7 @@ class Yogi(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2):
@@ -576,7 +576,7 @@ class Adan(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2, beta3):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t, 1.0 - beta3 ** t, min(t - 1.0, 1.0)
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t), one_minus_pow(beta3, t), min(t - 1.0, 1.0)
 
     @staticmethod
     def step(g, x, m, dm, n, gp, lr, beta1, beta2, beta3, eps, weight_decay, bc1, bc2, bc3, later):
@@ -666,7 +666,7 @@ class LAMBDirection(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return 1.0 - beta1 ** t, 1.0 - beta2 ** t
+        return one_minus_pow(beta1, t), one_minus_pow(beta2, t)
 
     @staticmethod
     def step(g, x, m, v, beta1, beta2, eps, weight_decay, bc1, bc2):

@@ -511,3 +511,23 @@ def test_malformed_rule_definitions():
         class Bad4(no.Rule):
             def step(g, x):
                 return g
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 4e-15), (np.float32, 2e-6)])
+def test_bias_correction_is_accurate(dtype, rtol):
+    """``one_minus_pow`` (1 - b**t without cancellation) against 40-digit decimal arithmetic.
+
+    (Its float32 form computes in float32: test_float32_kernels_contain_no_float64 checks the IR.)"""
+    from decimal import Decimal, getcontext
+    getcontext().prec = 40
+    f = codegen.kernels((no.Adam(),), dtype).one_minus_pow
+    for b in (0.0, 0.5, 0.9, 0.99, 0.999, 0.9999999):
+        bb = dtype(b)  # the hyperparameter as the kernel holds it
+        for t in (1, 2, 3, 10, 1000, 10 ** 6):
+            got = f(bb, dtype(t))
+            exact = 1 - Decimal(float(bb)) ** t
+            assert abs(Decimal(float(got)) - exact) <= Decimal(rtol) * exact, (b, t, got, exact)
+    # b = 0 (beta1 = 0 in Adam: no momentum): log(0) = -inf gives exactly 1, not NaN
+    s = no.setup(no.Adam(lr=0.1, beta1=0.0), np.ones(3, dtype))
+    s, x = no.update(s, np.ones(3, dtype), np.full(3, 2.0, dtype))
+    assert np.all(np.isfinite(x))
