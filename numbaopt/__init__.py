@@ -15,7 +15,8 @@ from .backends.cpu import set_parallel_threshold, parallel_threshold
 
 # Each feature module defines __all__; its public names are re-exported here (one line per module).
 from .tree import *  # [trees]
-from .wrappers import *; from .schedules import *  # noqa: E702,F401,F403 [catalog]
+from .wrappers import *  # [catalog]
+from .schedules import *  # [catalog]
 from .loops import *  # [loops]
 from .backends.cuda import *  # [cuda]
 
