@@ -1,4 +1,8 @@
-"""``save(path, state)`` / ``load(path)``: optimiser state of a tree in a portable ``.npz`` file.
+"""``save(path, state)`` / ``load(path)``: optimiser state in a portable ``.npz`` file.
+
+A state is a tree's (from ``setup(rule, model)``) or one array's (a :class:`numbaopt.Leaf`). GPU state
+(a ``DeviceLeaf``, alone or as a device leaf of a tree) is copied to host memory on save and back to the
+current device on load.
 
 The file holds the arrays (per group: the state arenas, step counts and skip counts) and a small JSON
 header (``__header__``, UTF-8 bytes): rules by import path with their hyperparameters and options,
@@ -166,32 +170,48 @@ def _dec_rule(d):
 # --------------------------------------------------------------------------------------------------
 
 
-def save(path, state) -> None:
-    """Write ``state`` (from :func:`numbaopt.setup` on a tree) to ``path`` (``.npz``), atomically."""
-    if not isinstance(state, StateTree):
-        raise TypeError(f"save: expected a state tree from numbaopt.setup, got {type(state).__name__}")
-    s = state._s
-    if state._host:
-        u = next(iter(state._host))
-        raise NotImplementedError(f"save: state{s.paths[s.u_positions[u][0]]} is a wrapped rule's state "
-                                  f"({type(state._host[u]).__name__}), which cannot be saved yet")
-    header = {
-        "format": FORMAT, "version": VERSION,
-        "tree": _enc_node(s.root),
-        "pos_u": s.pos_u, "pos_param": s.pos_param,
-        "units": [{"shape": list(s.u_shape[u]), "dtype": s.u_dtype[u].str, "kind": s.u_kind[u],
-                   "tieable": s.u_tieable[u], "group": s.u_group[u], "j": s.u_j[u],
-                   "positions": s.u_positions[u]} for u in range(s.n_unique)],
-        "groups": [{"rule": _enc_rule(g.rule), "dtype": g.dtype.str, "members": g.members}
-                   for g in state._groups],
-        "frozen": [bool(f) for f in state._frozen],
-    }
-    arrays = {"__header__": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)}
-    for gi, g in enumerate(state._groups):
-        for k, a in enumerate(g.arenas):
-            arrays[f"g{gi}_a{k}"] = a
-        arrays[f"g{gi}_ts"] = g.ts
-        arrays[f"g{gi}_skipped"] = g.skipped
+class DeviceUnavailable(RuntimeError):
+    """The file holds GPU state but this process cannot use a GPU (no numba-cuda, or no device)."""
+
+
+def _is_device(leaf) -> bool:
+    from .backends.cuda import DeviceLeaf
+    return isinstance(leaf, DeviceLeaf)
+
+
+def _leaf_entry(leaf, prefix, arrays) -> dict:
+    """The header entry of one array's state; its arrays go into ``arrays`` under ``prefix``."""
+    device = _is_device(leaf)
+    host = leaf.to_host() if device else leaf  # a device state crosses the bus here, once
+    for k, a in enumerate(host.arrays):
+        arrays[f"{prefix}_a{k}"] = np.asarray(a)
+    return {"rule": _enc_rule(host.rule), "shape": list(host.shape), "dtype": host.dtype.str,
+            "t": int(host.t), "skipped": int(host.skipped), "device": device, "n_arrays": len(host.arrays)}
+
+
+def _leaf_from_entry(d, prefix, data, where):
+    from .leaf import Leaf
+    rule = _dec_rule(d["rule"])
+    shape = tuple(int(n) for n in d["shape"])
+    fresh = Leaf(rule, shape, np.dtype(d["dtype"]), t=int(d["t"]), skipped=int(d["skipped"]))
+    if int(d["n_arrays"]) != len(fresh.arrays):
+        raise ValueError(f"{where}: {d['n_arrays']} state arrays, the rule has {len(fresh.arrays)}")
+    for k, a in enumerate(fresh.arrays):
+        src = data[f"{prefix}_a{k}"]
+        if src.shape != a.shape or src.dtype != a.dtype:
+            raise ValueError(f"{where} state array {k}: {src.dtype}{src.shape}, expected {a.dtype}{a.shape}")
+        a[...] = src
+    if not d["device"]:
+        return fresh, [f"{prefix}_a{k}" for k in range(len(fresh.arrays))]
+    from .backends.cuda import DeviceLeaf
+    try:
+        dev = DeviceLeaf.from_host(fresh)
+    except (ImportError, RuntimeError) as e:  # no numba-cuda, no GPU: not a problem of the file
+        raise DeviceUnavailable(f"load: {where} is GPU state, which goes back to a GPU: {e}") from None
+    return dev, [f"{prefix}_a{k}" for k in range(len(fresh.arrays))]
+
+
+def _write_atomic(path, arrays) -> None:
     path = os.fspath(path)
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".numbaopt-", suffix=".tmp")
@@ -209,8 +229,56 @@ def save(path, state) -> None:
         raise
 
 
-def load(path) -> StateTree:
-    """Read a state written by :func:`save`. A corrupt or incompatible file is a ``ValueError``."""
+def save(path, state) -> None:
+    """Write ``state`` to ``path`` (``.npz``), atomically.
+
+    ``state`` is a tree's state (from :func:`numbaopt.setup` on a model) or one array's
+    (:class:`numbaopt.Leaf`, or a ``DeviceLeaf``: GPU state is copied to the host).
+    """
+    from .leaf import Leaf
+    if isinstance(state, Leaf):
+        arrays = {}
+        header = {"format": FORMAT, "version": VERSION, "kind": "leaf", "leaf": _leaf_entry(state, "leaf", arrays)}
+        arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+        _write_atomic(path, arrays)
+        return
+    if not isinstance(state, StateTree):
+        raise TypeError(f"save: expected a state from numbaopt.setup (a tree's or one array's), "
+                        f"got {type(state).__name__}")
+    s = state._s
+    arrays = {}
+    host_units = []
+    for u, h in state._host.items():
+        if not _is_device(h):
+            raise NotImplementedError(f"save: state{s.paths[s.u_positions[u][0]]} is a wrapped rule's state "
+                                      f"({type(h).__name__}), which cannot be saved yet")
+        host_units.append({"u": u, "leaf": _leaf_entry(h, f"h{u}", arrays)})
+    header = {
+        "format": FORMAT, "version": VERSION, "kind": "tree", "host_units": host_units,
+        "tree": _enc_node(s.root),
+        "pos_u": s.pos_u, "pos_param": s.pos_param,
+        "units": [{"shape": list(s.u_shape[u]), "dtype": s.u_dtype[u].str, "kind": s.u_kind[u],
+                   "tieable": s.u_tieable[u], "group": s.u_group[u], "j": s.u_j[u],
+                   "positions": s.u_positions[u]} for u in range(s.n_unique)],
+        "groups": [{"rule": _enc_rule(g.rule), "dtype": g.dtype.str, "members": g.members}
+                   for g in state._groups],
+        "frozen": [bool(f) for f in state._frozen],
+    }
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    for gi, g in enumerate(state._groups):
+        for k, a in enumerate(g.arenas):
+            arrays[f"g{gi}_a{k}"] = a
+        arrays[f"g{gi}_ts"] = g.ts
+        arrays[f"g{gi}_skipped"] = g.skipped
+    _write_atomic(path, arrays)
+
+
+def load(path):
+    """Read a state written by :func:`save` (a tree's state, or one array's ``Leaf``/``DeviceLeaf``).
+
+    A corrupt or incompatible file is a ``ValueError``. GPU state goes back to the current device; without
+    numba-cuda or a GPU that is the backend's ``ImportError``/``RuntimeError``, naming the state.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:
@@ -227,7 +295,17 @@ def load(path) -> StateTree:
     if header.get("version") != VERSION:
         raise ValueError(f"load: {path} has format version {header.get('version')}, this numbaopt reads {VERSION}")
     try:
+        kind = header.get("kind", "tree")
+        if kind == "leaf":
+            leaf, names = _leaf_from_entry(header["leaf"], "leaf", data, "the state")
+            if set(data) != set(names):
+                raise ValueError(f"unexpected arrays {sorted(set(data) ^ set(names))}")
+            return leaf
+        if kind != "tree":
+            raise ValueError(f"unknown state kind {kind!r}")
         return _build(header, data)
+    except DeviceUnavailable:
+        raise
     except (KeyError, TypeError, IndexError, AttributeError, ImportError) as e:
         raise ValueError(f"load: {path} is inconsistent or refers to unknown code ({type(e).__name__}: {e})") \
             from None
@@ -274,8 +352,8 @@ def _build(header, data) -> StateTree:
     s.u_dtype = [np.dtype(u["dtype"]) for u in units]
     s.u_kind = [str(u["kind"]) for u in units]
     s.u_tieable = [bool(u["tieable"]) for u in units]
-    s.u_group = [int(u["group"]) for u in units]
-    s.u_j = [int(u["j"]) for u in units]
+    s.u_group = [None if u["group"] is None else int(u["group"]) for u in units]
+    s.u_j = [None if u["j"] is None else int(u["j"]) for u in units]
     s.u_positions = [[int(p) for p in u["positions"]] for u in units]
     s.u_host = [False] * s.n_unique
     for u, ps in enumerate(s.u_positions):
@@ -307,9 +385,22 @@ def _build(header, data) -> StateTree:
         groups.append(g)
     expected = {f"g{gi}_{k}" for gi, g in enumerate(groups) for k in
                 [f"a{k}" for k in range(len(g.arenas))] + ["ts", "skipped"]}
+    host = {}
+    for hd in header.get("host_units", []):
+        u = int(hd["u"])
+        if not 0 <= u < s.n_unique or s.u_group[u] is not None or u in host:
+            raise ValueError("host unit table does not match the leaves")
+        leaf, names = _leaf_from_entry(hd["leaf"], f"h{u}", data, f"state{s.paths[s.u_positions[u][0]]}")
+        if leaf.shape != s.u_shape[u] or leaf.dtype != s.u_dtype[u]:
+            raise ValueError(f"state{s.paths[s.u_positions[u][0]]}: shape/dtype do not match the leaf table")
+        host[u] = leaf
+        s.u_host[u] = True
+        expected.update(names)
+    if any(s.u_group[u] is None and u not in host for u in range(s.n_unique)):
+        raise ValueError("a leaf belongs to no group")
     if set(data) != expected:
         raise ValueError(f"unexpected arrays {sorted(set(data) ^ expected)}")
     frozen = np.array([bool(f) for f in header["frozen"]], dtype=np.bool_)
     if frozen.shape != (s.n_unique,):
         raise ValueError("frozen flags do not match the leaves")
-    return StateTree(s, groups, frozen, {})
+    return StateTree(s, groups, frozen, host)

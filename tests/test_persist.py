@@ -146,3 +146,53 @@ def test_scheduled_hyperparameters_round_trip(tmp_path, make):
         s1, m1 = no.update_(s1, m1, [np.ones(2)])
         s2, m2 = no.update_(s2, m2, [np.ones(2)])
     np.testing.assert_array_equal(m1[0], m2[0])
+
+
+def test_one_array_state_round_trips_bitwise(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(9).astype(np.float32)
+    s = no.setup(no.chain(no.ClipNorm(1.0), no.Adam(no.exponential(0.1, 0.9))), x)
+    for _ in range(4):
+        s, x = no.update_(s, x, rng.standard_normal(9).astype(np.float32))
+    s = no.adjust(s, beta1=0.8)
+    no.save(tmp_path / "leaf.npz", s)
+    s2 = no.load(tmp_path / "leaf.npz")
+    assert type(s2) is no.Leaf and s2.t == 4 and s2.rule == s.rule and s2.hp.tobytes() == s.hp.tobytes()
+    x2 = x.copy()
+    for _ in range(4):
+        g = rng.standard_normal(9).astype(np.float32)
+        s, x = no.update_(s, x, g)
+        s2, x2 = no.update_(s2, x2, g)
+    assert x.tobytes() == x2.tobytes() and all(a.tobytes() == b.tobytes() for a, b in zip(s.arrays, s2.arrays))
+    # a leaf of a tree's state saves as one array's state (a detached copy)
+    tree = no.setup(no.Momentum(0.1), {"w": np.ones(3), "b": np.zeros(2)})
+    tree, _ = no.update(tree, {"w": np.ones(3), "b": np.zeros(2)}, {"w": np.ones(3), "b": np.ones(2)})
+    no.save(tmp_path / "w.npz", tree["w"])
+    w = no.load(tmp_path / "w.npz")
+    assert type(w) is no.Leaf and w.t == 1 and np.array_equal(w.state["v"], tree["w"].state["v"])
+
+
+def test_gpu_state_without_a_gpu_is_a_clear_error(tmp_path):
+    """A file holding GPU state (here: a leaf's header marked as such) needs a GPU to load."""
+    path = tmp_path / "s.npz"
+    no.save(path, no.setup(no.Adam(), np.ones(3)))
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    header = json.loads(bytes(data["__header__"]).decode())
+    header["leaf"]["device"] = True
+    data["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(tmp_path / "d.npz", **data)
+    from numbaopt.backends.cuda import cuda_available
+    if cuda_available():
+        pytest.skip("this process can use CUDA (or its simulator)")
+    with pytest.raises(RuntimeError, match=r"the state is GPU state, which goes back to a GPU"):
+        no.load(tmp_path / "d.npz")
+
+
+def test_wrapped_rule_states_are_refused_with_the_path(tmp_path):
+    s = no.setup(no.AccumGrad(2, no.Descent(0.1)), {"enc": {"w": np.ones(3)}})
+    with pytest.raises(NotImplementedError, match=r"state\['enc'\]\['w'\] is a wrapped rule's state"):
+        no.save(tmp_path / "x.npz", s)
+    assert not (tmp_path / "x.npz").exists()
+    with pytest.raises(TypeError, match="expected a state from numbaopt.setup"):
+        no.save(tmp_path / "x.npz", {"w": np.ones(3)})

@@ -259,6 +259,43 @@ def test_save_and_load_copy_the_state_across_the_bus():
                                                                             g2.state(i).values()))
 
 
+def test_numbaopt_save_and_load_of_gpu_state(tmp_path):
+    """``numbaopt.save`` copies device state to the host; ``load`` puts it back on the device, and the
+    trajectory continues bitwise: one device array, and a tree mixing host and device leaves."""
+    x0, grads = R.data(np.float32, n=12, steps=4)
+    xd = _dev(x0.copy())
+    s = no.setup(no.Adam(0.01), xd)
+    s, xd = no.update_(s, xd, _dev(grads[0]))
+    no.save(tmp_path / "leaf.npz", s)
+    s2 = no.load(tmp_path / "leaf.npz")
+    assert type(s2) is nc.DeviceLeaf and s2.t == 1
+    xd2 = _dev(_host(xd))
+    for g in grads[1:]:
+        s, xd = no.update_(s, xd, _dev(g))
+        s2, xd2 = no.update_(s2, xd2, _dev(g))
+    assert _host(xd).tobytes() == _host(xd2).tobytes()
+
+    model = {"cpu": x0.copy(), "gpu": [_dev(x0.copy()), (_dev(x0[:5].copy()),)]}
+
+    def grads_at(k):
+        return {"cpu": grads[k], "gpu": [_dev(grads[k]), (_dev(grads[k][:5].copy()),)]}
+
+    state = no.setup(no.Momentum(0.1), model)
+    state, model = no.update_(state, model, grads_at(0))
+    no.freeze_(state["gpu"][1])
+    no.save(tmp_path / "tree.npz", state)
+    loaded = no.load(tmp_path / "tree.npz")
+    assert type(loaded["gpu"][0]) is nc.DeviceLeaf and loaded["gpu"][0].t == 1
+    other = {"cpu": model["cpu"].copy(), "gpu": [_dev(_host(model["gpu"][0])), (_dev(_host(model["gpu"][1][0])),)]}
+    for k in (1, 2):
+        state, model = no.update_(state, model, grads_at(k))
+        loaded, other = no.update_(loaded, other, grads_at(k))
+    assert model["cpu"].tobytes() == other["cpu"].tobytes()
+    assert _host(model["gpu"][0]).tobytes() == _host(other["gpu"][0]).tobytes()
+    assert _host(model["gpu"][1][0]).tobytes() == _host(other["gpu"][1][0]).tobytes()
+    assert loaded["gpu"][1][0].t == 1 and loaded["gpu"][0].t == 3  # the frozen flag came back too
+
+
 def test_gpu_check_script_runs_end_to_end_in_simulator_mode(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.join(root, "benchmarks"))
