@@ -217,14 +217,19 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
             return torch.optim.Adam(ps, lr=1e-3, fused=True).step
         return make
 
-    def group_case(n, count, one_launch):
+    def group_case(n, count, mode):
         def make():
             xs = [dev_full(n, 0.5) for _ in range(count)]
             gs = [dev_full(n, 0.01) for _ in range(count)]
             held.extend(xs + gs)
-            if one_launch:
+            if mode == "group":
                 grp = no.setup_device_group(no.Adam(1e-3), xs)
                 return lambda: no.update_(grp, xs, gs)
+            if mode == "tree":  # a nested model: the tree engine groups its device leaves (one launch)
+                model = {"layers": [{"w": x} for x in xs]}
+                grads = {"layers": [{"w": g} for g in gs]}
+                state = no.setup(no.Adam(1e-3), model)
+                return lambda: no.update_(state, model, grads)
             states = [no.setup(no.Adam(1e-3), x) for x in xs]
 
             def loop():
@@ -243,8 +248,9 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
     if leaves:
         n = leaf_size
         measure("copy", n, leaves, "cuMemcpyDtoD (one buffer)", copy_case(n * leaves))
-        measure("adam", n, leaves, "numbaopt group (1 launch)", group_case(n, leaves, True))
-        measure("adam", n, leaves, "numbaopt per-leaf launches", group_case(n, leaves, False),
+        measure("adam", n, leaves, "numbaopt group (1 launch)", group_case(n, leaves, "group"))
+        measure("adam", n, leaves, "numbaopt tree of dicts (1 launch)", group_case(n, leaves, "tree"))
+        measure("adam", n, leaves, "numbaopt per-leaf launches", group_case(n, leaves, "per-leaf"),
                 max_s=max(1, max_steps // 10))
         if torch is not None:
             measure("adam", n, leaves, "torch fused", torch_case(n, leaves), tsync)

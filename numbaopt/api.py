@@ -198,6 +198,9 @@ class JitStep:
 
     def __init__(self, rule, x):
         rule = as_rule(rule)
+        if not hasattr(rule, "rules"):  # host-level wrappers (AccumGrad, MixedPrecision) keep host state
+            raise TypeError(f"jit_step: {type(rule).__name__} is a host-level wrapper with no compiled step; "
+                            "pass a rule or a chain of rules")
         x = np.asarray(x)
         dtype = check_param_dtype(x.dtype)
         leaf = Leaf(rule, (x.size,), dtype)

@@ -69,7 +69,7 @@ class Group:
         self.scheduled = any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
         self.reducer = bool(self.layout.reducers)
         self.tree_scope = any(type(r).scope == "tree" for r in rule.rules)
-        hp = self.layout.hyper_vector(int(self.ts[0]) + 1 if len(self.ts) else 1)
+        hp = self.layout.hyper_vector(int(self.ts[0]) + 1 if len(self.ts) else 1, self.dtype)
         if self.hp is None:
             self.hp = hp
         else:
@@ -208,12 +208,8 @@ def setup(rule, model) -> StateTree:
     host = {}
     by_key: dict = {}
     distinct, id_map = [], {}  # rules compared once per distinct object, not hashed per leaf
+    dev_key: dict = {}
     for u, r in enumerate(u_rule):
-        if u_backend[u] == "cuda":  # a device leaf: its own CUDA state, stepped like a wrapped leaf
-            p = s.u_positions[u][0]
-            host[u] = _cuda.tree_state(r, values[p], f"model{paths[p]}")
-            s.u_host[u] = True
-            continue
         if _is_host(r):
             p = s.u_positions[u][0]
             host[u] = r.setup_leaf(infos[p].to_array(values[p]))
@@ -226,7 +222,18 @@ def setup(rule, model) -> StateTree:
                 ri = len(distinct)
                 distinct.append(r)
             id_map[id(r)] = ri
+        if u_backend[u] == "cuda":  # device leaves: one DeviceGroup per (rule, dtype), one launch each
+            dev_key.setdefault((ri, s.u_dtype[u]), []).append(u)
+            continue
         by_key.setdefault((ri, s.u_dtype[u]), []).append(u)
+    device_groups = []
+    for (ri, dt), members in dev_key.items():
+        ps = [s.u_positions[u][0] for u in members]
+        grp = _cuda.tree_group(distinct[ri], [values[p] for p in ps], [f"model{paths[p]}" for p in ps])
+        device_groups.append(grp)
+        for j, u in enumerate(members):
+            host[u] = _cuda.DeviceMember(grp, j)
+            s.u_host[u] = True
     groups = []
     for (ri, dt), members in by_key.items():
         r = distinct[ri]
@@ -239,12 +246,18 @@ def setup(rule, model) -> StateTree:
         for j, u in enumerate(members):
             s.u_group[u], s.u_j[u] = gi, j
     tree_groups = [g for g in groups if g.tree_scope]
+    tree_groups += [g for g in device_groups if any(g.mod.plan.tree.values())]
     if len(tree_groups) > 1:
         raise NotImplementedError(
             "a rule with a tree-scope reduction (e.g. a global-norm clip) would span "
-            f"{len(tree_groups)} groups ({', '.join(f'{g.rule!r}/{g.dtype.name}' for g in tree_groups)}); "
-            "the tree engine needs all of its leaves in one group: use one dtype for them")
+            f"{len(tree_groups)} groups ({', '.join(_group_name(g) for g in tree_groups)}); "
+            "the tree engine needs all of its leaves in one group: use one dtype for them, all on the host "
+            "or all on the GPU")
     return StateTree(s, groups, np.zeros(s.n_unique, dtype=np.bool_), host)
+
+
+def _group_name(g) -> str:
+    return f"{g.rule!r}/{g.dtype.name}" + (" on the GPU" if isinstance(g, _cuda.DeviceGroup) else "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -340,6 +353,8 @@ def _check_leaf(info, x, dtype, shape, w):
         raise TypeError(f"{w}: dtype {info.dtype}, but the state was set up for {dtype}")
     if tuple(info.shape) != shape:
         raise ValueError(f"{w}: shape {tuple(info.shape)}, but the state was set up for shape {shape}")
+    if info.backend == "cuda":  # contiguous and writeable: checked here, before any group writes
+        _cuda._info(x, w, write=True)
 
 
 # what param_info says of a (writeable / read-only) ndarray, less dtype and shape (checked by the caller)
@@ -361,8 +376,56 @@ def _addresses(arrays) -> np.ndarray:
     return out
 
 
-def _run_groups(state, groups, xu, iu, gu, inplace):
-    """Copy what must be copied, run one multi kernel per group; returns {u: new leaf value}."""
+def _may_refuse(rule) -> bool:
+    """Whether a step of ``rule`` (a rule, chain or wrapper) can raise from inside its kernel (a
+    reduction with an ``error`` final, e.g. ClipNorm on a non-finite norm)."""
+    while rule is not None and not hasattr(rule, "rules"):
+        rule = getattr(rule, "rule", None)
+    return any("error" in type(r).finals for r in getattr(rule, "rules", ()))
+
+
+def _host_may_refuse(state, active) -> bool:
+    """Whether stepping the active wrapped/device leaves can raise after the groups have written."""
+    s, host = state._s, state._host
+    for u in active:
+        if s.u_host[u]:
+            h = host[u]
+            if _may_refuse(getattr(h, "rule", None)):
+                return True
+            if type(h) is _cuda.DeviceMember and any(h.group.mod.plan.tree.values()):
+                return True  # refuses leaves at several step counts
+    return False
+
+
+def _snapshot(grp, js, post, targets):
+    """A closure restoring what running this job in place writes: the group's state and step counts for
+    leaves ``js`` and the parameters written in place."""
+    saved = [(a, a.copy()) for a in grp.arenas]
+    ts, skipped = grp.ts.copy(), grp.skipped.copy()
+    written = []
+    for (u, how, a), t in zip(post, targets):
+        if how is None:
+            written.append((t, t.copy()))
+        elif how == "back":
+            written.append((a, a.copy()))
+
+    def restore():
+        for a, c in saved:
+            a[...] = c
+        grp.ts[...] = ts
+        grp.skipped[...] = skipped
+        for a, c in written:
+            a[...] = c
+    return restore
+
+
+def _run_groups(state, groups, xu, iu, gu, inplace, undo=None):
+    """Copy what must be copied, run one multi kernel per group; returns {u: new leaf value}.
+
+    In place, a step that a later group (or, with ``undo`` given, a later wrapped or device leaf) may
+    refuse would leave the groups before it written: those groups are snapshotted first, restored here
+    when a later group refuses, and their restore functions appended to ``undo`` for the caller.
+    """
     s = state._s
     frozen = state._frozen
     active = [u for u in range(s.n_unique) if gu[u] is not None and not frozen[u]]
@@ -403,8 +466,27 @@ def _run_groups(state, groups, xu, iu, gu, inplace):
         jobs.append((gi, grp, js, targets, grads, post))
     # rules that may refuse a step (reductions) run first, so a refusal comes before other writes
     jobs.sort(key=lambda j: not j[1].reducer)
+    last_risky = -1
+    if inplace:
+        risky = [k for k, j in enumerate(jobs) if _may_refuse(j[1].rule)]
+        last_risky = len(jobs) if undo is not None else max(risky, default=-1)
+    restores = []
+    try:
+        new = _run_jobs(s, jobs, iu, xu, inplace, last_risky, restores)
+    except BaseException:
+        for f in reversed(restores):
+            f()
+        raise
+    if undo is not None:
+        undo += restores
+    return active, new
+
+
+def _run_jobs(s, jobs, iu, xu, inplace, last_risky, restores):
     new = {}
-    for gi, grp, js, targets, grads, post in jobs:
+    for k, (gi, grp, js, targets, grads, post) in enumerate(jobs):
+        if k < last_risky:  # a later step may still refuse: keep what this one overwrites
+            restores.append(_snapshot(grp, js, post, targets))
         xaddr = _addresses(targets)
         gaddr = _addresses(grads)
         status = _call(grp, js, xaddr, gaddr)
@@ -421,7 +503,7 @@ def _run_groups(state, groups, xu, iu, gu, inplace):
                     new[u] = iu[u].from_array(t.reshape(s.u_shape[u]), xu[u])
         else:
             cpu.raise_status(grp, status)
-    return active, new
+    return new
 
 
 def _call(grp, js, xaddr, gaddr):
@@ -453,14 +535,32 @@ def _call(grp, js, xaddr, gaddr):
 def _run_host(state, host, xu, gu, active, inplace, new):
     from . import api
     s = state._s
+    batches = {}  # device groups: one launch for all their stepped leaves
     for u in active:
         if not s.u_host[u]:
             continue
         h, x = host[u], xu[u]
+        if type(h) is _cuda.DeviceMember:
+            batches.setdefault(id(h.group), (h.group, []))[1].append(u)
+            continue
         h2, x2 = (api.update_ if inplace else api.update)(h, x, gu[u])
         host[u] = h2
         if x2 is not x:
             new[u] = x2
+    for grp, us in batches.values():
+        n = len(grp.shapes)
+        xs, gs = [None] * n, [None] * n
+        js = []
+        for u in us:
+            j = host[u].j
+            xs[j], gs[j] = xu[u], gu[u]
+            js.append(j)
+        if not inplace:  # the group is this new state's copy (see update); the parameters are copied here
+            xs = grp.copy_params(xs, js)
+        grp._step(xs, gs, js)
+        if not inplace:
+            for u in us:
+                new[u] = xs[host[u].j]
 
 
 def _new_model(state, model, new, inplace):
@@ -479,8 +579,15 @@ def update_(state, model, grads):
         return state, model
     _check_state(state, "update_")
     xu, iu, gu = _prepare(state, model, grads)
-    active, new = _run_groups(state, state._groups, xu, iu, gu, True)
-    _run_host(state, state._host, xu, gu, active, True, new)
+    active_all = [u for u in range(state._s.n_unique) if gu[u] is not None and not state._frozen[u]]
+    undo = [] if _host_may_refuse(state, active_all) else None
+    active, new = _run_groups(state, state._groups, xu, iu, gu, True, undo)
+    try:
+        _run_host(state, state._host, xu, gu, active, True, new)
+    except BaseException:
+        for f in reversed(undo or ()):
+            f()
+        raise
     out = _new_model(state, model, new, True)
     if _abi.OK:  # (re)plan for this model: the next step on it can take the fast path
         object.__setattr__(state, "_fast", _FastPlan.build(state, xu, iu, out))
@@ -492,7 +599,9 @@ def update(state, model, grads):
     _check_state(state, "update")
     xu, iu, gu = _prepare(state, model, grads)
     groups = [g.copy() for g in state._groups]
-    new_state = StateTree(state._s, groups, state._frozen.copy(), dict(state._host))
+    host = dict(state._host)
+    _copy_device_groups(host)
+    new_state = StateTree(state._s, groups, state._frozen.copy(), host)
     active, new = _run_groups(new_state, groups, xu, iu, gu, False)
     _run_host(new_state, new_state._host, xu, gu, active, False, new)
     return new_state, _new_model(state, model, new, False)
@@ -721,9 +830,15 @@ def adjust_(state, **hyper):
     """Change hyperparameters in place (see :func:`numbaopt.adjust_`); never recompiles."""
     _check_state(state, "adjust_")
     rules = _adjusted_rules(state, hyper)
+    done = set()
     for u, h in state._host.items():
         kw = {k: v for k, v in hyper.items() if k in _host_hypers(h)}
         if not kw:
+            continue
+        if type(h) is _cuda.DeviceMember:  # the group, once
+            if id(h.group) not in done:
+                done.add(id(h.group))
+                h.group._numbaopt_adjust(kw, True)
             continue
         hook = getattr(h, "_numbaopt_adjust", None)  # the convention of numbaopt.api.adjust_
         if hook is not None:
@@ -751,8 +866,20 @@ def adjust(state, **hyper):
 
 def copy_state(state) -> StateTree:
     """A deep copy of a state tree (new arenas, step counts, frozen flags)."""
-    host = {u: _copy_host(h) for u, h in state._host.items()}
+    host = {u: h if type(h) is _cuda.DeviceMember else _copy_host(h) for u, h in state._host.items()}
+    _copy_device_groups(host)
     return StateTree(state._s, [g.copy() for g in state._groups], state._frozen.copy(), host)
+
+
+def _copy_device_groups(host):
+    """Point the device leaves of ``host`` at copies of their groups (each group copied once)."""
+    copies = {}
+    for u, h in host.items():
+        if type(h) is _cuda.DeviceMember:
+            g = copies.get(id(h.group))
+            if g is None:
+                g = copies[id(h.group)] = h.group.copy()
+            host[u] = _cuda.DeviceMember(g, h.j)
 
 
 def _copy_host(h):

@@ -60,6 +60,12 @@ def _rows(S, a, b):
 
 @njit(inline="always", **_NJ)
 def _gnorm(g):
+    return math.sqrt(_gnorm2(g))
+
+
+@njit(inline="always", **_NJ)
+def _gnorm2(g):
+    # the squared norm (the loop compares it with gtol**2; the square root is taken once, at the end);
     # four partial sums: not one serial chain of additions (a quarter of a 16-parameter iteration)
     n = g.shape[0]
     m = n - n % 4
@@ -76,7 +82,7 @@ def _gnorm(g):
     for i in range(m, n):
         a = np.float64(abs(g[i]))
         s0 += a * a
-    return math.sqrt((s0 + s1) + (s2 + s3))
+    return (s0 + s1) + (s2 + s3)
 
 
 @njit(**_NJ)
@@ -115,18 +121,19 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
         skipped = I[r, 2]
         fprev = F[r, 1]
         f = F[r, 0]
-        gn = F[r, 2]
+        gn2 = F[r, 2] * F[r, 2]
+        gtol2 = gtol * gtol if gtol >= 0.0 else -1.0
         reason = 0
         stop = it + nsteps
         keep = H.shape[1] > 1
         while it < stop:
 {evaluate}
             H[r, it if keep else 0] = f
-            gn = _gnorm(g)
-            if not (math.isfinite(f) and math.isfinite(gn)):
+            gn2 = _gnorm2(g)
+            if not (math.isfinite(f) and math.isfinite(gn2)):
                 reason = 3
                 break
-            if gn <= gtol:
+            if gn2 <= gtol2:
                 reason = 1
                 break
             if abs(fprev - f) <= ftol * max(abs(fprev), abs(f), 1.0):
@@ -154,7 +161,7 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
         I[r, 3] = reason
         F[r, 0] = f
         F[r, 1] = fprev
-        F[r, 2] = gn
+        F[r, 2] = math.sqrt(gn2)
     return 0
 '''
 

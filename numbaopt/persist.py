@@ -175,8 +175,8 @@ class DeviceUnavailable(RuntimeError):
 
 
 def _is_device(leaf) -> bool:
-    from .backends.cuda import DeviceLeaf
-    return isinstance(leaf, DeviceLeaf)
+    from .backends.cuda import DeviceLeaf, DeviceMember
+    return isinstance(leaf, (DeviceLeaf, DeviceMember))
 
 
 def _leaf_entry(leaf, prefix, arrays) -> dict:
@@ -189,7 +189,7 @@ def _leaf_entry(leaf, prefix, arrays) -> dict:
             "t": int(host.t), "skipped": int(host.skipped), "device": device, "n_arrays": len(host.arrays)}
 
 
-def _leaf_from_entry(d, prefix, data, where):
+def _leaf_from_entry(d, prefix, data, where, to_device=True):
     from .leaf import Leaf
     rule = _dec_rule(d["rule"])
     shape = tuple(int(n) for n in d["shape"])
@@ -201,14 +201,20 @@ def _leaf_from_entry(d, prefix, data, where):
         if src.shape != a.shape or src.dtype != a.dtype:
             raise ValueError(f"{where} state array {k}: {src.dtype}{src.shape}, expected {a.dtype}{a.shape}")
         a[...] = src
-    if not d["device"]:
-        return fresh, [f"{prefix}_a{k}" for k in range(len(fresh.arrays))]
+    names = [f"{prefix}_a{k}" for k in range(len(fresh.arrays))]
+    if not (d["device"] and to_device):
+        return fresh, names
     from .backends.cuda import DeviceLeaf
+    return _to_device(lambda: DeviceLeaf.from_host(fresh), where), names
+
+
+def _to_device(make, where):
+    from .backends.cuda import _codegen
     try:
-        dev = DeviceLeaf.from_host(fresh)
+        _codegen()
     except (ImportError, RuntimeError) as e:  # no numba-cuda, no GPU: not a problem of the file
         raise DeviceUnavailable(f"load: {where} is GPU state, which goes back to a GPU: {e}") from None
-    return dev, [f"{prefix}_a{k}" for k in range(len(fresh.arrays))]
+    return make()
 
 
 def _write_atomic(path, arrays) -> None:
@@ -386,16 +392,29 @@ def _build(header, data) -> StateTree:
     expected = {f"g{gi}_{k}" for gi, g in enumerate(groups) for k in
                 [f"a{k}" for k in range(len(g.arenas))] + ["ts", "skipped"]}
     host = {}
+    device = []  # the tree's device leaves, regrouped as setup groups them: by (rule, dtype)
     for hd in header.get("host_units", []):
         u = int(hd["u"])
         if not 0 <= u < s.n_unique or s.u_group[u] is not None or u in host:
             raise ValueError("host unit table does not match the leaves")
-        leaf, names = _leaf_from_entry(hd["leaf"], f"h{u}", data, f"state{s.paths[s.u_positions[u][0]]}")
+        where = f"state{s.paths[s.u_positions[u][0]]}"
+        leaf, names = _leaf_from_entry(hd["leaf"], f"h{u}", data, where, to_device=False)
         if leaf.shape != s.u_shape[u] or leaf.dtype != s.u_dtype[u]:
-            raise ValueError(f"state{s.paths[s.u_positions[u][0]]}: shape/dtype do not match the leaf table")
+            raise ValueError(f"{where}: shape/dtype do not match the leaf table")
+        if hd["leaf"]["device"]:
+            bucket = next((b for b in device if b[0] == leaf.rule and b[1] == leaf.dtype), None)
+            if bucket is None:
+                bucket = (leaf.rule, leaf.dtype, [])
+                device.append(bucket)
+            bucket[2].append((u, leaf, where))
         host[u] = leaf
         s.u_host[u] = True
         expected.update(names)
+    for _, _, members in device:
+        from .backends.cuda import DeviceGroup, DeviceMember
+        grp = _to_device(lambda: DeviceGroup.from_host([lf for _, lf, _ in members]), members[0][2])
+        for j, (u, _, _) in enumerate(members):
+            host[u] = DeviceMember(grp, j)
     if any(s.u_group[u] is None and u not in host for u in range(s.n_unique)):
         raise ValueError("a leaf belongs to no group")
     if set(data) != expected:

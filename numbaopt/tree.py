@@ -537,6 +537,9 @@ class StateTree(StateNode):
             for g in self._groups:
                 lines.append(f"  group {g.rule!r} {g.dtype.name}: {len(g.sizes)} leaves, "
                              f"{int(g.sizes.sum())} elements")
+            dev = {id(h.group): h.group for h in self._host.values() if hasattr(h, "group")}
+            for g in dev.values():
+                lines.append(f"  GPU group {g.rule!r} {g.dtype.name}: {len(g.shapes)} leaves, {g.total} elements")
         seen = {}
 
         def leaf_text(pos):

@@ -315,6 +315,12 @@ def test_float32_kernels_contain_no_float64(tmp_path):
                 for fn in (k.inplace, k.outplace):
                     for ir in fn.inspect_llvm().values():
                         print(type(r).__name__, dtype.__name__, "double" in ir, "fpext" in ir)
+                # the trees' many-leaves kernel (its hyperparameters are in the parameters' precision too)
+                tree = no.setup(r, {"a": np.ones(3, dtype), "b": np.ones(5, dtype)})
+                no.update_(tree, {"a": np.ones(3, dtype), "b": np.ones(5, dtype)},
+                           {"a": np.ones(3, dtype), "b": np.ones(5, dtype)})
+                for ir in tree._groups[0].kern.multi.inspect_llvm().values():
+                    print(type(r).__name__, dtype.__name__, "multi", "double" in ir, "fpext" in ir)
         # a negative control: the same check does see float64 in a float64 kernel
         x = np.ones(8)
         s = no.setup(no.Adam(), x); s, _ = no.update_(s, x, x)

@@ -115,6 +115,34 @@ def test_failed_update_in_a_later_group_leaves_earlier_groups_untouched():
     _assert_untouched(state, model, snap)
 
 
+def test_a_rule_refusing_in_a_later_group_leaves_the_earlier_groups_untouched():
+    """ClipNorm refuses a non-finite norm from inside its kernel: groups that ran before are restored."""
+    model = {"a": np.ones(3, np.float64), "b": np.ones(2, np.float32), "c": (np.ones(2, np.float64), 2.0)}
+    state = no.setup(no.chain(no.ClipNorm(1.0), no.Adam(0.1)), model)
+    ok = {"a": np.ones(3), "b": np.ones(2, np.float32), "c": (np.ones(2), 1.0)}
+    state, model = no.update_(state, model, ok)  # moments and step counts that must survive
+    snap = _snapshot(state, model)
+    bad = {"a": np.ones(3), "b": np.array([np.nan, 1.0], np.float32), "c": (np.ones(2), 1.0)}
+    with pytest.raises(ValueError, match="ClipNorm: the gradient norm is not finite"):
+        no.update_(state, model, bad)
+    _assert_untouched(state, model, snap)
+    state, model = no.update_(state, model, ok)  # and it goes on from there
+    assert state["a"].t == 2 and state["b"].t == 2
+
+
+def test_a_wrapped_leaf_refusing_after_the_groups_restores_them():
+    inner = no.chain(no.ClipNorm(1.0), no.Descent(0.1))
+    model = {"w": np.ones(3), "h": np.ones(2, np.float16)}
+    state = no.setup(lambda path, x: no.MixedPrecision(np.float32, inner) if x.dtype == np.float16
+                     else no.Adam(0.1), model)
+    snap = _snapshot(state, model)
+    h_before = model["h"].copy()
+    with pytest.raises(ValueError, match="ClipNorm"):
+        no.update_(state, model, {"w": np.ones(3), "h": np.array([np.inf, 1], np.float16)})
+    _assert_untouched(state, model, snap)
+    assert model["h"].tobytes() == h_before.tobytes()
+
+
 def test_setup_errors():
     with pytest.raises(TypeError, match="use Adam()"):
         no.setup(no.Adam, {"w": np.ones(2)})

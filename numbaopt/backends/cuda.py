@@ -22,7 +22,7 @@ import numpy as np
 
 from ..leaf import Leaf, as_rule, check_param_dtype
 
-__all__ = ["DeviceLeaf", "DeviceGroup", "setup_device_group", "is_device_array", "cuda_available"]
+__all__ = ["DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "is_device_array", "cuda_available"]
 
 INSTALL_HINT = ("device arrays need the optional CUDA backend: pip install numbaopt[cuda] "
                 "(numba-cuda with the CUDA 12 toolkit wheels)")
@@ -440,25 +440,27 @@ def param_info_device(x):
                      from_array=_new, kind=type(x).__name__, backend="cuda", tieable=True)
 
 
-def tree_state(rule, x, where):
-    """The state of one device leaf of a tree: a :class:`DeviceLeaf` (one launch per leaf and step)."""
+def tree_group(rule, xs, wheres):
+    """The state of a tree's device leaves under one rule and dtype: one :class:`DeviceGroup` (one launch
+    per step for all of them). ``wheres`` name the leaves' paths for errors."""
     rule = as_rule(rule)
     if hasattr(rule, "setup_leaf"):
-        raise TypeError(f"{where}: {type(rule).__name__} is a host-level wrapper and does not support "
+        raise TypeError(f"{wheres[0]}: {type(rule).__name__} is a host-level wrapper and does not support "
                         "device arrays")
-    for r in rule.rules:
-        if type(r).scope == "tree":
-            raise NotImplementedError(
-                f"{where}: {type(r).__name__} reduces over the whole tree, but the device leaves of a tree are "
-                "stepped one array at a time; put the device arrays in numbaopt.setup_device_group")
     try:
         _codegen()
     except (ImportError, RuntimeError) as e:  # in a tree, as every bad leaf: a TypeError naming the path
-        raise TypeError(f"{where}: {e}") from None
+        raise TypeError(f"{wheres[0]}: {e}") from None
+    for x, where in zip(xs, wheres):
+        try:
+            _, _, dtype, _ = _info(x, where)
+            check_param_dtype(dtype, where)
+        except (TypeError, ValueError) as e:
+            raise type(e)(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     try:
-        return setup_leaf(rule, x)
+        return DeviceGroup(rule, xs)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{where}: {e}") from None
+        raise type(e)(f"{wheres[0]}: {e}") from None
 
 
 def tree_grad(g, dtype, shape, where, tied=False):
@@ -491,31 +493,40 @@ class DeviceGroup:
     gradients are reached through tables of device addresses, uploaded only when an address changes.
     A chunk table (built once) maps each block to one leaf and a range of its elements. Rules with a
     reduction add one reduce and one finish launch each (per leaf, or over the whole group for
-    ``scope = "tree"`` rules such as global-norm clipping). All leaves step together (one ``t``).
-    ``update`` (pure) copies the parameters and arenas on the device, then steps the copies.
+    ``scope = "tree"`` rules such as global-norm clipping). ``update`` (pure) copies the parameters and
+    arenas on the device, then steps the copies.
+
+    Each leaf has its own step count (``ts``; ``t`` is the largest): called directly, every leaf steps
+    every time; in a tree, leaves with a ``None`` gradient or frozen are left out of the launch (their
+    blocks are not in its chunk table) and keep their step count. Leaves at different step counts are
+    stepped with one launch per distinct count (the kernels take one ``t``).
     """
 
-    def __init__(self, rule, params, *, _arenas=None, t=0, hp=None, skipped=0):
+    def __init__(self, rule, params, *, _arenas=None, t=0, hp=None, skipped=0, _shapes=None, _dtype=None):
         from .. import codegen
         from numba import cuda
         cc = _codegen()
         rule = as_rule(rule)
         if hasattr(rule, "setup_leaf"):
             raise TypeError(f"{type(rule).__name__} is a host-level wrapper and does not support device arrays")
-        params = list(params)
-        if not params:
-            raise ValueError("setup_group: needs at least one device array")
-        shapes, dtype = [], None
-        for i, p in enumerate(params):
-            if not is_device_array(p):
-                raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
-            _, shape, dt, _ = _info(p, f"params[{i}]")
-            check_param_dtype(dt, f"params[{i}]")
-            if dtype is None:
-                dtype = dt
-            elif dt != dtype:
-                raise TypeError(f"params[{i}]: dtype {dt}; a group has one dtype ({dtype}): make one group per dtype")
-            shapes.append(tuple(shape))
+        if params is None:  # rebuilt from host state (load): shapes and dtype given
+            shapes, dtype = [tuple(sh) for sh in _shapes], np.dtype(_dtype)
+        else:
+            params = list(params)
+            shapes, dtype = [], None
+            for i, p in enumerate(params):
+                if not is_device_array(p):
+                    raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
+                _, shape, dt, _ = _info(p, f"params[{i}]")
+                check_param_dtype(dt, f"params[{i}]")
+                if dtype is None:
+                    dtype = dt
+                elif dt != dtype:
+                    raise TypeError(f"params[{i}]: dtype {dt}; a group has one dtype ({dtype}): make one group "
+                                    "per dtype")
+                shapes.append(tuple(shape))
+        if not shapes:
+            raise ValueError("setup_device_group: needs at least one device array")
         self.rule, self.dtype, self.shapes = rule, np.dtype(dtype), shapes
         for r in rule.rules:
             if self.dtype.kind == "c" and not type(r).supports_complex:
@@ -523,7 +534,9 @@ class DeviceGroup:
         self.layout = codegen.ChainLayout(rule.rules)
         from ..schedules import Schedule
         self.scheduled = any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
-        self.t, self.skipped = int(t), int(skipped)
+        n = len(shapes)
+        self.ts = np.zeros(n, dtype=np.int64) + np.asarray(t, dtype=np.int64)
+        self.skips = np.zeros(n, dtype=np.int64) + np.asarray(skipped, dtype=np.int64)
         self.hp = self.layout.hyper_vector(self.t + 1, self.dtype) if hp is None else hp
         self.sizes = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
@@ -531,23 +544,24 @@ class DeviceGroup:
         self.mod = cc.kernels(rule.rules, self.dtype)
         self.arenas = tuple(_device_state(self.layout, rule.rules, self.dtype, self.total)
                             if _arenas is None else _arenas)
-        bleaf, bstart = [], []
-        for j, n in enumerate(self.sizes):
-            for s in range(0, max(int(n), 1), cc.CHUNK):
-                bleaf.append(j)
-                bstart.append(s)
-        self.nblocks = len(bleaf)
         self._sizes_dev = cuda.to_device(self.sizes)
         self._offsets_dev = cuda.to_device(self.offsets)
-        self._bleaf = cuda.to_device(np.array(bleaf, dtype=np.int64))
-        self._bstart = cuda.to_device(np.array(bstart, dtype=np.int64))
-        self.scratch = _Scratch(self.mod.plan, len(params), self.hp)
-        self._xaddr = np.zeros(len(params), dtype=np.int64)
-        self._gaddr = np.zeros(len(params), dtype=np.int64)
+        self._chunks = {}  # chunk tables by the leaves they cover (shared by copies: never written)
+        self.scratch = _Scratch(self.mod.plan, n, self.hp)
+        self._new_tables()
+
+    def _new_tables(self):
+        from numba import cuda
+        n = len(self.shapes)
+        self._xaddr = np.zeros(n, dtype=np.int64)
+        self._gaddr = np.zeros(n, dtype=np.int64)
         self._xaddr_dev = cuda.to_device(self._xaddr)
         self._gaddr_dev = cuda.to_device(self._gaddr)
         self._params = None  # the parameter objects whose addresses are in the table
         self._grads = None  # the gradient objects whose addresses are in the table
+
+    t = property(lambda self: int(self.ts.max()), doc="steps taken (the largest per-leaf count, ``ts``)")
+    skipped = property(lambda self: int(self.skips.max()), doc="steps refused by the rule (e.g. SkipNonFinite)")
 
     def __len__(self):
         return len(self.shapes)
@@ -564,12 +578,30 @@ class DeviceGroup:
             out[d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}"] = a[o:o + n].reshape(self.shapes[i])
         return out
 
-    def _table(self, objs, what, table, dev):
-        """Check ``objs`` against the group's leaves and upload their addresses when they changed."""
+    def _chunk_table(self, leaves):
+        """``(bleaf, bstart, nblocks)`` on the device for the blocks of ``leaves`` (built once per set)."""
+        key = leaves.tobytes()
+        tab = self._chunks.get(key)
+        if tab is None:
+            from numba import cuda
+            chunk = _codegen().CHUNK
+            bleaf, bstart = [], []
+            for j in leaves:
+                for st in range(0, max(int(self.sizes[j]), 1), chunk):
+                    bleaf.append(int(j))
+                    bstart.append(st)
+            tab = self._chunks[key] = (cuda.to_device(np.array(bleaf, dtype=np.int64)),
+                                       cuda.to_device(np.array(bstart, dtype=np.int64)), len(bleaf))
+        return tab
+
+    def _table(self, objs, what, table, dev, leaves=None):
+        """Check ``objs`` (those of ``leaves``; all when None) against the group's leaves and upload
+        their addresses when they changed (a leaf not stepped gets address 0)."""
         if len(objs) != len(self.shapes):
             raise ValueError(f"{what}: {len(objs)} arrays for a group of {len(self.shapes)}")
-        addr = np.empty(len(objs), dtype=np.int64)
-        for i, o in enumerate(objs):
+        addr = np.zeros(len(objs), dtype=np.int64)
+        for i in (range(len(objs)) if leaves is None else leaves):
+            o = objs[i]
             if not is_device_array(o):
                 if what == "grads" and (isinstance(o, np.ndarray) or hasattr(o, "__array__")):
                     raise _host_side_error(f"grads[{i}]", o, "device parameters")
@@ -584,46 +616,57 @@ class DeviceGroup:
             table[:] = addr
             dev.copy_to_device(table)
 
-    def _launch(self, params, grads):
+    def _step(self, params, grads, active=None):
+        """Step the leaves ``active`` (all when None) in place; raises what the rule refuses."""
+        from ..backends.cpu import raise_status
         cc = _codegen()
         params, grads = list(params), list(grads)
-        if _table_stale(params, self._params, self._xaddr):
-            self._params = None
-            self._table(params, "params", self._xaddr, self._xaddr_dev)
-            self._params = params
-        # the same gradient objects as last step (persistent buffers): nothing to check or upload; the
-        # references held here keep their addresses from being reused by other arrays
-        if _table_stale(grads, self._grads, self._gaddr):
-            self._grads = None
-            self._table(grads, "grads", self._gaddr, self._gaddr_dev)
-            self._grads = grads
+        n = len(self.shapes)
+        every = active is None or len(active) == n
+        leaves = np.arange(n, dtype=np.int64) if active is None else np.asarray(active, dtype=np.int64)
+        if every:
+            # the same objects as last step (persistent buffers): nothing to check or upload; the
+            # references held here keep their addresses from being reused by other arrays
+            if _table_stale(params, self._params, self._xaddr):
+                self._params = None
+                self._table(params, "params", self._xaddr, self._xaddr_dev)
+                self._params = params
+            if _table_stale(grads, self._grads, self._gaddr):
+                self._grads = None
+                self._table(grads, "grads", self._gaddr, self._gaddr_dev)
+                self._grads = grads
+        else:  # a subset (a tree with None gradients or frozen leaves): tables made for this step
+            self._params = self._grads = None
+            self._table(params, "params", self._xaddr, self._xaddr_dev, leaves)
+            self._table(grads, "grads", self._gaddr, self._gaddr_dev, leaves)
+        tvals = self.ts[leaves]
+        steps = [np.sort(leaves[tvals == t]) for t in np.unique(tvals)]
+        if len(steps) > 1 and any(self.mod.plan.tree.values()):
+            raise NotImplementedError(f"{self.rule!r}: a reduction over the whole group needs its leaves at one "
+                                      f"step count; they are at {sorted(set(tvals.tolist()))}")
         sc = self.scratch
-        if self.scheduled:
-            self.layout.fill_hyper(self.hp, self.t + 1)
-        sc.sync_hp(self.hp)
-        args = [self._xaddr_dev, self._gaddr_dev, self._sizes_dev, self._offsets_dev, self._bleaf, self._bstart,
-                *self.arenas, sc.hp_dev, self.t + 1]
-        nb = self.nblocks
-        if self.layout.reducers:
-            _reductions(self.mod, self.layout, sc, args, len(self.shapes), lambda k: k[nb, cc.TPB])
-            args += [sc.fin, sc.st]
-        self.mod.multi[nb, cc.TPB](*args)
-        if self.mod.plan.status:
-            return _decode(int(sc.st.copy_to_host()[0]))
-        return 0, None
-
-    def _finish(self, status, row):
-        from ..backends.cpu import raise_status
-        if status == 0:
-            self.t += 1
-            return
-        raise_status(self, status, "" if row is None else f"leaf {row}")
-        self.skipped += 1
+        for sub in steps:
+            t = int(self.ts[sub[0]])
+            if self.scheduled:
+                self.layout.fill_hyper(self.hp, t + 1)
+            sc.sync_hp(self.hp)
+            bleaf, bstart, nb = self._chunk_table(sub)
+            args = [self._xaddr_dev, self._gaddr_dev, self._sizes_dev, self._offsets_dev, bleaf, bstart,
+                    *self.arenas, sc.hp_dev, t + 1]
+            if self.layout.reducers:
+                _reductions(self.mod, self.layout, sc, args, n, lambda k: k[nb, cc.TPB])
+                args += [sc.fin, sc.st]
+            self.mod.multi[nb, cc.TPB](*args)
+            status, row = _decode(int(sc.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
+            if status == 0:
+                self.ts[sub] += 1
+                continue
+            raise_status(self, status, "" if row is None else f"leaf {row}")
+            self.skips[sub] += 1
 
     def update_(self, params, grads):
         """One step on every leaf in place; returns ``(self, params)``."""
-        status, row = self._launch(params, grads)
-        self._finish(status, row)
+        self._step(params, grads)
         return self, params
 
     def copy(self) -> "DeviceGroup":
@@ -637,31 +680,31 @@ class DeviceGroup:
         g = DeviceGroup.__new__(DeviceGroup)
         g.__dict__.update(self.__dict__)
         g.arenas = tuple(arenas)
-        g.hp = self.hp.copy()
+        g.ts, g.skips, g.hp = self.ts.copy(), self.skips.copy(), self.hp.copy()
         g.scratch = _Scratch(self.mod.plan, len(self.shapes), g.hp)
-        g._xaddr = np.zeros_like(self._xaddr)
-        g._gaddr = np.zeros_like(self._gaddr)
-        g._xaddr_dev = cuda.to_device(g._xaddr)
-        g._gaddr_dev = cuda.to_device(g._gaddr)
-        g._params = g._grads = None
+        g._new_tables()
         return g
 
-    def update(self, params, grads):
-        """Pure step: returns ``(new_group, new_params)``; the inputs are untouched."""
-        params = list(params)
-        new = self.copy()
-        outs = []
-        for i, p in enumerate(params):
+    def copy_params(self, params, leaves=None):
+        """New device arrays (of each parameter's kind) holding copies of ``params`` (those of ``leaves``)."""
+        outs = list(params)
+        for i in (range(len(outs)) if leaves is None else leaves):
+            p = outs[i]
             if not is_device_array(p):
                 raise TypeError(f"params[{i}]: expected a device array, got {type(p).__name__}")
             src, shape, dt, _ = _info(p, f"params[{i}]", write=False)
             o = _empty_like(_kind(p), p, shape, dt)
-            _flat(_info(o, "out")[0], int(np.prod(shape, dtype=np.int64))).copy_to_device(
-                _flat(src, int(np.prod(shape, dtype=np.int64))))
-            outs.append(o)
-        status, row = new._launch(outs, grads)
+            size = int(np.prod(shape, dtype=np.int64))
+            _flat(_info(o, "out")[0], size).copy_to_device(_flat(src, size))
+            outs[i] = o
+        return outs
+
+    def update(self, params, grads):
+        """Pure step: returns ``(new_group, new_params)``; the inputs are untouched."""
+        new = self.copy()
+        outs = self.copy_params(params)
+        new._step(outs, grads)
         new._params = new._grads = None  # the caller's arrays now: do not keep their addresses
-        new._finish(status, row)
         return new, outs
 
     def _numbaopt_update(self, model, grad, inplace):
@@ -686,25 +729,72 @@ class DeviceGroup:
         out = []
         for i, shape in enumerate(self.shapes):
             o, n = int(self.offsets[i]), int(self.sizes[i])
+            t = int(self.ts[i])
+            hp = self.hp.copy()
+            if self.scheduled:
+                self.layout.fill_hyper(hp, t + 1)
             out.append(Leaf(self.rule, shape, self.dtype, arrays=[h[o:o + n].copy() for h in host],
-                            t=self.t, hp=self.hp.copy(), skipped=self.skipped))
+                            t=t, hp=hp, skipped=int(self.skips[i])))
         return out
 
     @classmethod
-    def from_host(cls, leaves, params) -> "DeviceGroup":
-        """A group for the device arrays ``params`` with the state of host leaves (as from :meth:`to_host`)."""
+    def from_host(cls, leaves, params=None) -> "DeviceGroup":
+        """A group with the state of host leaves (as from :meth:`to_host`), for the device arrays ``params``
+        (checked against the leaves' shapes and dtype) or, without them, for the leaves' shapes."""
         from numba import cuda
         leaves = list(leaves)
         if not leaves:
             raise ValueError("from_host: no leaves")
         first = leaves[0]
         for i, lf in enumerate(leaves):
-            if lf.t != first.t or lf.rule != first.rule:
-                raise ValueError(f"leaves[{i}]: a group needs one rule and one step count")
+            if lf.rule != first.rule or lf.dtype != first.dtype:
+                raise ValueError(f"leaves[{i}]: a group needs one rule and one dtype")
         k = len(first.arrays)
         arenas = tuple(cuda.to_device(np.concatenate([np.ascontiguousarray(lf.arrays[a]).reshape(-1)
                                                       for lf in leaves])) for a in range(k))
-        return cls(first.rule, params, _arenas=arenas, t=first.t, hp=first.hp.copy(), skipped=first.skipped)
+        ts = np.array([lf.t for lf in leaves], dtype=np.int64)
+        hp = first.layout.hyper_vector(int(ts.max()) + 1, first.dtype)
+        g = cls(first.rule, params, _arenas=arenas, t=ts, hp=hp,
+                skipped=np.array([lf.skipped for lf in leaves], dtype=np.int64),
+                _shapes=[lf.shape for lf in leaves], _dtype=first.dtype)
+        if g.shapes != [tuple(lf.shape) for lf in leaves]:
+            raise ValueError(f"from_host: parameter shapes {g.shapes}, the leaves' {[lf.shape for lf in leaves]}")
+        return g
+
+
+class DeviceMember:
+    """Leaf ``j`` of a :class:`DeviceGroup` as a tree's state shows it (``state['gpu'].w``): a view.
+
+    A tree groups its device leaves by (rule, dtype) into one ``DeviceGroup`` each, stepped with one
+    launch. This view reads the group live: ``rule``, ``t``, ``skipped``, ``shape``, ``dtype``,
+    ``state`` (device views), ``to_host()``.
+    """
+
+    __slots__ = ("group", "j")
+
+    def __init__(self, group, j):
+        self.group, self.j = group, j
+
+    rule = property(lambda self: self.group.rule)
+    t = property(lambda self: int(self.group.ts[self.j]))
+    skipped = property(lambda self: int(self.group.skips[self.j]))
+    shape = property(lambda self: self.group.shapes[self.j])
+    dtype = property(lambda self: self.group.dtype)
+    state = property(lambda self: self.group.state(self.j), doc="state arrays by name (device views)")
+
+    def to_host(self) -> Leaf:
+        """This leaf's state as a host :class:`numbaopt.Leaf` (copied from the device)."""
+        g, j = self.group, self.j
+        o, n = int(g.offsets[j]), int(g.sizes[j])
+        hp = g.hp.copy()
+        if g.scheduled:
+            g.layout.fill_hyper(hp, self.t + 1)
+        return Leaf(g.rule, self.shape, g.dtype, arrays=[a[o:o + n].copy_to_host() for a in g.arenas],
+                    t=self.t, hp=hp, skipped=self.skipped)
+
+    def __repr__(self):
+        return (f"DeviceLeaf({self.rule!r}, t={self.t}, {self.dtype.name}{list(self.shape)}, "
+                f"group of {len(self.group)})")
 
 
 def setup_device_group(rule, params) -> DeviceGroup:

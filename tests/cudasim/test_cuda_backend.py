@@ -3,6 +3,7 @@ path, in-place against out-of-place, many leaves in one launch, reductions, bad 
 
 Arrays are tiny: the simulator runs every GPU thread as a Python thread.
 """
+import math
 import os
 import pickle
 import sys
@@ -285,7 +286,7 @@ def test_numbaopt_save_and_load_of_gpu_state(tmp_path):
     no.freeze_(state["gpu"][1])
     no.save(tmp_path / "tree.npz", state)
     loaded = no.load(tmp_path / "tree.npz")
-    assert type(loaded["gpu"][0]) is nc.DeviceLeaf and loaded["gpu"][0].t == 1
+    assert type(loaded["gpu"][0]) is nc.DeviceMember and loaded["gpu"][0].t == 1
     other = {"cpu": model["cpu"].copy(), "gpu": [_dev(_host(model["gpu"][0])), (_dev(_host(model["gpu"][1][0])),)]}
     for k in (1, 2):
         state, model = no.update_(state, model, grads_at(k))
@@ -332,7 +333,7 @@ def test_mixed_host_and_device_tree():
     g_dev = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
     model = {"cpu": host_w.copy(), "gpu": {"w": _dev(dev_w)}}
     state = no.setup(no.Adam(0.1), model)
-    assert type(state["gpu"]["w"]) is nc.DeviceLeaf
+    assert type(state["gpu"]["w"]) is nc.DeviceMember
     ref = {"cpu": no.setup(no.Adam(0.1), host_w.copy()), "gpu": no.setup(no.Adam(0.1), dev_w.copy())}
     xc, xg = host_w.copy(), dev_w.copy()
     state, model = no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": _dev(g_dev[0])}})
@@ -357,8 +358,90 @@ def test_mixed_host_and_device_tree():
     no.adjust_(state, lr=0.0)
     state, model = no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": _dev(g_dev[0])}})
     assert _host(model["gpu"]["w"]).tobytes() == before.tobytes()  # lr 0 reached the device leaf
-    with pytest.raises(NotImplementedError, match="setup_device_group"):
-        no.setup(no.ClipGlobalNorm(1.0), {"a": _dev(dev_w)})
+    with pytest.raises(NotImplementedError, match="would span 2 groups"):
+        no.setup(no.chain(no.ClipGlobalNorm(1.0), no.Descent(0.1)), {"a": _dev(dev_w), "b": host_w})
+
+
+class _LaunchCounter:
+    """Counts launches of a generated kernel (``kernel[grid, block](...)``)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.n = kernel, 0
+
+    def __getitem__(self, cfg):
+        self.n += 1
+        return self.kernel[cfg]
+
+
+def test_tree_device_leaves_are_one_group_and_one_launch(monkeypatch):
+    rng = np.random.default_rng(11)
+    shapes = [(3,), (2, 2), (), (0,), (5,), (1, 3)]
+    xs = [rng.standard_normal(sh).astype(np.float32) for sh in shapes]
+    gs = [[rng.standard_normal(sh).astype(np.float32) for sh in shapes] for _ in range(3)]
+    model = {"gpu": [_dev(x.copy()) for x in xs], "cpu": np.ones(4, np.float32)}
+    state = no.setup(no.Adam(0.05), model)
+    grp = state["gpu"][0].group
+    assert all(state["gpu"][i].group is grp for i in range(len(shapes))) and len(grp) == len(shapes)
+    assert "GPU group" in repr(state)
+    counter = _LaunchCounter(grp.mod.multi)
+    monkeypatch.setattr(grp.mod, "multi", counter)
+    refs = [no.setup(no.Adam(0.05), _dev(x.copy())) for x in xs]
+    ref_x = [_dev(x.copy()) for x in xs]
+
+    def step_refs(k, skip=()):
+        for i in range(len(shapes)):
+            if i not in skip:
+                refs[i], ref_x[i] = no.update_(refs[i], ref_x[i], _dev(gs[k][i]))
+
+    def grads(k, skip=()):
+        return {"gpu": [None if i in skip else _dev(g) for i, g in enumerate(gs[k])], "cpu": np.ones(4, np.float32)}
+
+    state, model = no.update_(state, model, grads(0))
+    step_refs(0)
+    assert counter.n == 1  # six device leaves, one launch
+    state, model = no.update_(state, model, grads(1, skip=(1,)))  # a None gradient: leaf 1 keeps its t
+    step_refs(1, skip=(1,))
+    assert counter.n == 2 and state["gpu"][1].t == 1 and state["gpu"][0].t == 2
+    # leaves at two step counts now: one launch per count, the same numbers as one array at a time
+    before = [_host(a) for a in model["gpu"]]
+    new_state, new_model = no.update(state, model, grads(2))
+    assert counter.n == 4 and [_host(a).tobytes() for a in model["gpu"]] == [b.tobytes() for b in before]
+    assert state["gpu"][0].t == 2 and new_state["gpu"][0].t == 3 and new_state["gpu"][1].t == 2
+    step_refs(2)
+    for a, b in zip(new_model["gpu"], ref_x):
+        assert _host(a).tobytes() == _host(b).tobytes()
+    for i in range(len(shapes)):
+        for k, v in refs[i].state.items():
+            assert _host(new_state["gpu"][i].state[k]).tobytes() == _host(v).tobytes()
+    # adjust reaches the group once; a deep copy is independent
+    copy = no.adjust(new_state, lr=0.0)
+    assert copy["gpu"][0].group is not new_state["gpu"][0].group and copy["gpu"][0].rule.lr == 0.0
+    assert new_state["gpu"][0].rule.lr == 0.05
+
+
+def test_tree_global_norm_clip_over_device_leaves():
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal(n).astype(np.float32) for n in (4, 7, 3)]
+    gs = [3 * rng.standard_normal(n).astype(np.float32) for n in (4, 7, 3)]
+    rule = no.chain(no.ClipGlobalNorm(1.0), no.Descent(0.5))
+    model = {"a": _dev(xs[0].copy()), "b": [_dev(xs[1].copy()), _dev(xs[2].copy())]}
+    state = no.setup(rule, model)
+    state, model = no.update_(state, model, {"a": _dev(gs[0]), "b": [_dev(gs[1]), _dev(gs[2])]})
+    grp = no.setup_device_group(rule, [_dev(x.copy()) for x in xs])
+    grp, ref = no.update_(grp, [_dev(x.copy()) for x in xs], [_dev(g) for g in gs])
+    got = [model["a"], *model["b"]]
+    for a, b in zip(got, ref):
+        assert _host(a).tobytes() == _host(b).tobytes()
+    norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in gs))
+    np.testing.assert_allclose(np.concatenate([_host(a) for a in got]),
+                               np.concatenate(xs) - 0.5 * np.concatenate(gs) / norm, rtol=1e-5)
+    # one leaf without a gradient: the others step; then the leaves sit at two step counts, which a
+    # reduction over the whole group cannot span: refused before anything is written
+    state, model = no.update_(state, model, {"a": None, "b": [_dev(gs[1]), _dev(gs[2])]})
+    before = [_host(a) for a in [model["a"], *model["b"]]]
+    with pytest.raises(NotImplementedError, match="one step count"):
+        no.update_(state, model, {"a": _dev(gs[0]), "b": [_dev(gs[1]), _dev(gs[2])]})
+    assert [_host(a).tobytes() for a in [model["a"], *model["b"]]] == [b.tobytes() for b in before]
 
 
 def test_frozen_device_leaf_in_a_tree_is_not_stepped():
