@@ -7,8 +7,9 @@ current device on load.
 The file holds the arrays (per group: the state arenas, step counts and skip counts) and a small JSON
 header (``__header__``, UTF-8 bytes): rules by import path with their hyperparameters and options,
 dtypes, the tree structure of the state (container types by import path, keys), which leaves are
-tied, and frozen flags. No pickles: loading never runs code other than importing the rule classes
-named in the header (which must be :class:`numbaopt.Rule` subclasses).
+tied, and frozen flags. No pickles: loading runs no code a file names; the rule (and schedule) classes
+named in the header are looked up in modules already imported, and must be :class:`numbaopt.Rule`
+(:class:`numbaopt.Schedule`) subclasses.
 
 Writes are atomic: the file is written next to its destination and moved over it with
 ``os.replace``, so a crash never leaves a half-written file in place of the old one. A corrupt,
@@ -16,10 +17,10 @@ truncated or incompatible file is a ``ValueError``.
 """
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import os
+import sys
 import tempfile
 import zipfile
 
@@ -113,8 +114,12 @@ def _qual(obj_type) -> str:
 
 
 def _resolve(name: str):
+    """The class ``module:qualname`` from a module that is already imported: loading a file never imports
+    (runs) a module the file names; a rule of your own loads once its module is imported."""
     mod, _, qual = name.partition(":")
-    obj = importlib.import_module(mod)
+    obj = sys.modules.get(mod)
+    if obj is None:
+        raise ValueError(f"{name} is in a module that is not imported ({mod}); import it before load")
     for part in qual.split("."):
         obj = getattr(obj, part)
     return obj

@@ -104,8 +104,16 @@ def test_corrupt_and_mismatched_files(tmp_path):
         no.load(rewrite("a.npz", lambda h, d: d.update(g0_a0=np.ones(5, np.float64))))
     with pytest.raises(ValueError, match="not a numbaopt Rule"):
         no.load(rewrite("r.npz", lambda h, d: h["groups"][0]["rule"].update(rule="os:getcwd")))
-    with pytest.raises(ValueError, match="unknown code"):
+    with pytest.raises(ValueError, match="not imported"):
         no.load(rewrite("m.npz", lambda h, d: h["groups"][0]["rule"].update(rule="no_such_module:X")))
+    # a file cannot make load import (run) a module: `this` prints when imported
+    import sys
+    assert "this" not in sys.modules
+    with pytest.raises(ValueError, match=r"this:s is in a module that is not imported \(this\)"):
+        no.load(rewrite("t.npz", lambda h, d: h["groups"][0]["rule"].update(rule="this:s")))
+    assert "this" not in sys.modules
+    with pytest.raises(ValueError, match="unknown code"):
+        no.load(rewrite("u.npz", lambda h, d: h["groups"][0]["rule"].update(rule="numbaopt.rules:NoSuchRule")))
     with pytest.raises(ValueError, match="hyperparameter lr"):
         no.load(rewrite("h.npz", lambda h, d: h["groups"][0]["rule"]["values"].update(lr=-1.0)))
 
