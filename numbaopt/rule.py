@@ -7,7 +7,8 @@ A rule is declared once, as a class:
 * per-element state: ``m = state(0.0)``; ``v = state(0.0, real=True)`` for a second moment that stays
   real for complex parameters; ``when="centred"`` allocates it only when that option is set;
 * optionally ``prepare(t, <hyper names>)`` -> a tuple of per-step scalars named by ``scalars``
-  (bias corrections), computed once per step in float64;
+  (bias corrections), computed once per kernel call, before the element loop, in the parameters' real
+  precision (``t`` included: a float32 kernel sees ``t`` exactly up to 2**24 steps);
 * optionally a reduction (``reduce``/``reduce_ops``/``finish``/``finals``) run over the whole array
   (or the whole tree, with ``scope = "tree"``) before the elementwise pass;
 * ONE scalar function ``step(g, x, <state>, <hyper/option/scalar names>) -> (d, <new state>)``.
