@@ -174,6 +174,44 @@ def test_inplace_equals_outofplace_bitwise(rule_i, dtype, shape, steps, seed):
     assert s1.t == s2.t == steps
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rule_i=st.integers(0, len(RULES) - 1), dtype=st.sampled_from(REAL_DTYPES),
+       base=st.tuples(st.integers(1, 7), st.integers(1, 7)), steps=st.tuples(st.integers(1, 3), st.integers(-3, 3)),
+       start=st.tuples(st.integers(0, 2), st.integers(0, 2)), transpose=st.booleans(),
+       grad_layout=st.sampled_from(["C", "F", "strided"]), seed=st.integers(0, 2 ** 16))
+def test_strided_views_in_place_equal_pure_and_write_through(rule_i, dtype, base, steps, start, transpose,
+                                                             grad_layout, seed):
+    """Any strided view (negative steps, transposed) of a larger array: update_ writes through to the
+    base, leaves the rest of the base alone, and gives the same bits as the pure update of a copy."""
+    rule = RULES[rule_i]
+    rng = np.random.default_rng(seed)
+    buf = rng.standard_normal(base).astype(dtype)
+    s0, s1 = steps
+    s1 = s1 or 1
+    view = buf[start[0]::s0, start[1]::s1]
+    if transpose:
+        view = view.T
+    if view.size == 0:
+        return
+    if grad_layout == "C":
+        g = np.ascontiguousarray(rng.standard_normal(view.shape).astype(dtype))
+    elif grad_layout == "F":
+        g = np.asfortranarray(rng.standard_normal(view.shape).astype(dtype))
+    else:
+        g = rng.standard_normal((view.shape[0] * 2, view.shape[1])).astype(dtype)[::2]
+    outside = np.ones(buf.shape, dtype=bool)
+    outside[start[0]::s0, start[1]::s1] = False
+    rest = buf[outside].copy()
+    st_pure, st_inplace = no.setup(rule, view), no.setup(rule, view)
+    st_pure, x_pure = no.update(st_pure, view.copy(), g)
+    st_inplace, out = no.update_(st_inplace, view, g)
+    assert out is view and np.shares_memory(out, buf)
+    assert np.ascontiguousarray(view).tobytes() == np.ascontiguousarray(x_pure).tobytes()
+    assert buf[outside].tobytes() == rest.tobytes()
+    for a, b in zip(st_pure.arrays, st_inplace.arrays):
+        assert a.tobytes() == b.tobytes()
+
+
 def test_update_does_not_touch_state():
     x = np.linspace(-1, 1, 10)
     s = no.setup(no.Adam(0.1), x)
