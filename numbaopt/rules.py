@@ -53,15 +53,23 @@ class Momentum(Rule):
 
 
 class Nesterov(Rule):
-    """Nesterov momentum: ``d = -mu^2 * v + (1 + mu) * lr * g`` with the old v; ``v = mu * v - lr * g``."""
+    """Nesterov momentum: ``d = -mu^2 * v + (1 + mu) * lr * g`` with the old v; ``v = mu * v - lr * g``.
+
+    ``lr_outside=True`` is torch's/optax's form ``v = mu * v + g; d = lr * (g + mu * v)``: the same for
+    a constant lr, different when lr is scheduled.
+    """
     lr = hyper(0.001, low=0.0)
     momentum = hyper(0.9, **_unit)
+    lr_outside = option(False, doc="torch/optax convention: the velocity accumulates g, lr scales the step")
     v = state(0.0)
-    torch = "SGD(lr, momentum, nesterov=True) (equal for constant lr)"
-    optax = "sgd(lr, momentum, nesterov=True)"
+    torch = "SGD(lr, momentum, nesterov=True, dampening=0): lr_outside=True (equal to the default for constant lr)"
+    optax = "sgd(lr, momentum, nesterov=True): lr_outside=True (equal to the default for constant lr)"
 
     @staticmethod
-    def step(g, x, v, lr, momentum):
+    def step(g, x, v, lr, momentum, lr_outside):
+        if lr_outside:
+            v = momentum * v + g
+            return lr * (g + momentum * v), v
         d = -(momentum * momentum) * v + (1 + momentum) * lr * g
         return d, momentum * v - lr * g
 

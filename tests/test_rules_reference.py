@@ -44,9 +44,12 @@ def r_momentum(h, lr_outside=False):
     return f
 
 
-def r_nesterov(h):
+def r_nesterov(h, lr_outside=False):
     def f(S, x, g, t):
         v, mu, lr = S.get("v", 0), h["momentum"], h["lr"]
+        if lr_outside:  # torch.optim.SGD(nesterov=True): buf = mu*buf + g; p -= lr*(g + mu*buf)
+            v = mu * v + g
+            return {"v": v}, lr * (g + mu * v)
         return {"v": mu * v - lr * g}, -mu ** 2 * v + (1 + mu) * lr * g
     return f
 
@@ -297,6 +300,7 @@ CASES = [
     (no.Momentum(0.01, 0.8), lambda r: r_momentum(hp(r)), True),
     (no.Momentum(0.01, 0.8, lr_outside=True), lambda r: r_momentum(hp(r), True), True),
     (no.Nesterov(0.01, 0.8), lambda r: r_nesterov(hp(r)), True),
+    (no.Nesterov(0.01, 0.8, lr_outside=True), lambda r: r_nesterov(hp(r), True), True),
     (no.RMSProp(0.01), lambda r: r_rmsprop(hp(r)), True),
     (no.RMSProp(0.01, centred=True), lambda r: r_rmsprop(hp(r), True), True),
     (no.RMSProp(0.01, eps=1e-3, eps_in_sqrt=True), lambda r: r_rmsprop(hp(r), False, True), True),
@@ -390,6 +394,23 @@ def test_rule_matches_float64_reference_and_paths_agree_bitwise(case, dtype):
     close = np.isclose(x1, expect, rtol=tol, atol=tol)
     assert close.mean() >= (0.95 if np.dtype(dtype) == np.float32 else 1.0), (x1[~close], expect[~close])
     assert np.abs(x1 - x0).max() > 0  # the rule did move the parameters
+
+
+@pytest.mark.parametrize("make", [no.Momentum, no.Nesterov])
+def test_lr_outside_matches_the_default_for_constant_lr_and_differs_under_a_schedule(make):
+    rng = np.random.default_rng(4)
+    grads = [rng.standard_normal(6) for _ in range(12)]
+
+    def run(rule):
+        x = np.zeros(6)
+        s = no.setup(rule, x)
+        for g in grads:
+            s, x = no.update_(s, x, g)
+        return x
+
+    np.testing.assert_allclose(run(make(0.05, 0.8)), run(make(0.05, 0.8, lr_outside=True)), rtol=1e-12)
+    sched = no.exponential(0.05, 0.7)
+    assert not np.allclose(run(make(sched, 0.8)), run(make(sched, 0.8, lr_outside=True)), rtol=1e-6)
 
 
 def test_real_moments_stay_real_for_complex():
