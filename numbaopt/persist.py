@@ -1,6 +1,7 @@
 """``save(path, state)`` / ``load(path)``: optimiser state in a portable ``.npz`` file.
 
-A state is a tree's (from ``setup(rule, model)``) or one array's (a :class:`numbaopt.Leaf`). GPU state
+A state is a tree's (from ``setup(rule, model)``) or one array's (a :class:`numbaopt.Leaf`, or a
+wrapper's state: ``AccumGradState``, ``MixedPrecisionState``, saved with their inner states). GPU state
 (a ``DeviceLeaf``, alone or as a device leaf of a tree) is copied to host memory on save and back to the
 current device on load.
 
@@ -194,6 +195,64 @@ def _leaf_entry(leaf, prefix, arrays) -> dict:
             "t": int(host.t), "skipped": int(host.skipped), "device": device, "n_arrays": len(host.arrays)}
 
 
+def _state_entry(h, prefix, arrays) -> dict:
+    """The header entry of one array's state of any kind: a (device) leaf, or a wrapper's state holding
+    an inner state (``AccumGrad``: the running sum; ``MixedPrecision``: the master copy)."""
+    from .wrappers import AccumGradState, MixedPrecisionState
+    if isinstance(h, AccumGradState):
+        arrays[f"{prefix}_acc"] = h.acc
+        return {"wrapper": "AccumGrad", "n": h.wrapper.n, "count": int(h.count),
+                "inner": _state_entry(h.inner, f"{prefix}_i", arrays)}
+    if isinstance(h, MixedPrecisionState):
+        arrays[f"{prefix}_master"] = h.master
+        return {"wrapper": "MixedPrecision", "dtype": h.master.dtype.str, "param_dtype": h.param_dtype.str,
+                "inner": _state_entry(h.inner, f"{prefix}_i", arrays)}
+    from .leaf import Leaf
+    if isinstance(h, Leaf) or _is_device(h):
+        return _leaf_entry(h, prefix, arrays)
+    raise NotImplementedError(f"a {type(h).__name__} cannot be saved")
+
+
+def _state_from_entry(d, prefix, data, where):
+    """``(state, rule, array names)`` from :func:`_state_entry`'s output (host states only)."""
+    from .wrappers import AccumGrad, AccumGradState, MixedPrecision, MixedPrecisionState
+    kind = d.get("wrapper")
+    if kind is None:
+        leaf, names = _leaf_from_entry(d, prefix, data, where, to_device=False)
+        if d["device"]:
+            raise ValueError(f"{where}: GPU state inside a wrapper")
+        return leaf, leaf.rule, names
+    inner, inner_rule, names = _state_from_entry(d["inner"], f"{prefix}_i", data, where)
+    if kind == "AccumGrad":
+        acc = data[f"{prefix}_acc"]
+        wrapper = AccumGrad(int(d["n"]), inner_rule)
+        count = int(d["count"])
+        if (acc.shape, acc.dtype) != tuple(_state_shape_dtype(inner)):
+            raise ValueError(f"{where}: AccumGrad sum {acc.dtype}{acc.shape} does not match its inner state")
+        if not 0 <= count < wrapper.n:
+            raise ValueError(f"{where}: AccumGrad count {count} outside [0, {wrapper.n})")
+        return AccumGradState(wrapper, inner, acc.copy(), count), wrapper, names + [f"{prefix}_acc"]
+    if kind == "MixedPrecision":
+        master = data[f"{prefix}_master"]
+        if master.dtype != np.dtype(d["dtype"]):
+            raise ValueError(f"{where}: master copy {master.dtype}, expected {np.dtype(d['dtype'])}")
+        if (master.shape, master.dtype) != tuple(_state_shape_dtype(inner)):
+            raise ValueError(f"{where}: master copy {master.dtype}{master.shape} does not match its inner state")
+        wrapper = MixedPrecision(master.dtype, inner_rule)
+        state = MixedPrecisionState(wrapper, inner, master.copy(), np.dtype(d["param_dtype"]))
+        return state, wrapper, names + [f"{prefix}_master"]
+    raise ValueError(f"{where}: unknown wrapper {kind!r}")
+
+
+def _state_shape_dtype(h):
+    from .wrappers import AccumGradState, MixedPrecisionState
+    if isinstance(h, AccumGradState):
+        return h.acc.shape, h.acc.dtype
+    if isinstance(h, MixedPrecisionState):
+        return h.master.shape, h.param_dtype
+    return tuple(h.shape), h.dtype
+
+
 def _leaf_from_entry(d, prefix, data, where, to_device=True):
     from .leaf import Leaf
     rule = _dec_rule(d["rule"])
@@ -247,9 +306,10 @@ def save(path, state) -> None:
     (:class:`numbaopt.Leaf`, or a ``DeviceLeaf``: GPU state is copied to the host).
     """
     from .leaf import Leaf
-    if isinstance(state, Leaf):
+    from .wrappers import AccumGradState, MixedPrecisionState
+    if isinstance(state, (Leaf, AccumGradState, MixedPrecisionState)) or _is_device(state):
         arrays = {}
-        header = {"format": FORMAT, "version": VERSION, "kind": "leaf", "leaf": _leaf_entry(state, "leaf", arrays)}
+        header = {"format": FORMAT, "version": VERSION, "kind": "leaf", "leaf": _state_entry(state, "leaf", arrays)}
         arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
         _write_atomic(path, arrays)
         return
@@ -260,10 +320,10 @@ def save(path, state) -> None:
     arrays = {}
     host_units = []
     for u, h in state._host.items():
-        if not _is_device(h):
-            raise NotImplementedError(f"save: state{s.paths[s.u_positions[u][0]]} is a wrapped rule's state "
-                                      f"({type(h).__name__}), which cannot be saved yet")
-        host_units.append({"u": u, "leaf": _leaf_entry(h, f"h{u}", arrays)})
+        try:
+            host_units.append({"u": u, "leaf": _state_entry(h, f"h{u}", arrays)})
+        except NotImplementedError as e:
+            raise NotImplementedError(f"save: state{s.paths[s.u_positions[u][0]]}: {e}") from None
     header = {
         "format": FORMAT, "version": VERSION, "kind": "tree", "host_units": host_units,
         "tree": _enc_node(s.root),
@@ -307,6 +367,11 @@ def load(path):
         raise ValueError(f"load: {path} has format version {header.get('version')}, this numbaopt reads {VERSION}")
     try:
         kind = header.get("kind", "tree")
+        if kind == "leaf" and "wrapper" in header["leaf"]:
+            leaf, _, names = _state_from_entry(header["leaf"], "leaf", data, "the state")
+            if set(data) != set(names):
+                raise ValueError(f"unexpected arrays {sorted(set(data) ^ set(names))}")
+            return leaf
         if kind == "leaf":
             leaf, names = _leaf_from_entry(header["leaf"], "leaf", data, "the state")
             if set(data) != set(names):
@@ -403,10 +468,14 @@ def _build(header, data) -> StateTree:
         if not 0 <= u < s.n_unique or s.u_group[u] is not None or u in host:
             raise ValueError("host unit table does not match the leaves")
         where = f"state{s.paths[s.u_positions[u][0]]}"
-        leaf, names = _leaf_from_entry(hd["leaf"], f"h{u}", data, where, to_device=False)
-        if leaf.shape != s.u_shape[u] or leaf.dtype != s.u_dtype[u]:
+        if "wrapper" in hd["leaf"]:
+            leaf, _, names = _state_from_entry(hd["leaf"], f"h{u}", data, where)
+        else:
+            leaf, names = _leaf_from_entry(hd["leaf"], f"h{u}", data, where, to_device=False)
+        shape, dtype = _state_shape_dtype(leaf)
+        if tuple(shape) != s.u_shape[u] or dtype != s.u_dtype[u]:
             raise ValueError(f"{where}: shape/dtype do not match the leaf table")
-        if hd["leaf"]["device"]:
+        if hd["leaf"].get("device"):
             bucket = next((b for b in device if b[0] == leaf.rule and b[1] == leaf.dtype), None)
             if bucket is None:
                 bucket = (leaf.rule, leaf.dtype, [])
