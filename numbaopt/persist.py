@@ -303,7 +303,7 @@ def save(path, state) -> None:
     """Write ``state`` to ``path`` (``.npz``), atomically.
 
     ``state`` is a tree's state (from :func:`numbaopt.setup` on a model) or one array's
-    (:class:`numbaopt.Leaf`, or a ``DeviceLeaf``: GPU state is copied to the host).
+    (:class:`numbaopt.Leaf`, a wrapper's state, or a ``DeviceLeaf``: GPU state is copied to the host).
     """
     from .leaf import Leaf
     from .wrappers import AccumGradState, MixedPrecisionState
