@@ -384,16 +384,16 @@ def _may_refuse(rule) -> bool:
     return any("error" in type(r).finals for r in getattr(rule, "rules", ()))
 
 
-def _host_may_refuse(state, active) -> bool:
-    """Whether stepping the active wrapped/device leaves can raise after the groups have written."""
-    s, host = state._s, state._host
-    for u in active:
-        if s.u_host[u]:
-            h = host[u]
-            if _may_refuse(getattr(h, "rule", None)):
-                return True
-            if type(h) is _cuda.DeviceMember and any(h.group.mod.plan.tree.values()):
-                return True  # refuses leaves at several step counts
+def _host_may_refuse(state, gu) -> bool:
+    """Whether stepping the wrapped/device leaves that have a gradient can raise after the groups wrote."""
+    frozen = state._frozen
+    for u, h in state._host.items():
+        if gu[u] is None or frozen[u]:
+            continue
+        if _may_refuse(getattr(h, "rule", None)):
+            return True
+        if type(h) is _cuda.DeviceMember and any(h.group.mod.plan.tree.values()):
+            return True  # refuses leaves at several step counts
     return False
 
 
@@ -579,8 +579,7 @@ def update_(state, model, grads):
         return state, model
     _check_state(state, "update_")
     xu, iu, gu = _prepare(state, model, grads)
-    active_all = [u for u in range(state._s.n_unique) if gu[u] is not None and not state._frozen[u]]
-    undo = [] if _host_may_refuse(state, active_all) else None
+    undo = [] if state._host and _host_may_refuse(state, gu) else None
     active, new = _run_groups(state, state._groups, xu, iu, gu, True, undo)
     try:
         _run_host(state, state._host, xu, gu, active, True, new)
