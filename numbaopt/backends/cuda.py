@@ -640,7 +640,10 @@ class DeviceGroup:
             self._table(params, "params", self._xaddr, self._xaddr_dev, leaves)
             self._table(grads, "grads", self._gaddr, self._gaddr_dev, leaves)
         tvals = self.ts[leaves]
-        steps = [np.sort(leaves[tvals == t]) for t in np.unique(tvals)]
+        if tvals.min() == tvals.max():  # the usual case: one launch
+            steps = [np.sort(leaves)]
+        else:
+            steps = [np.sort(leaves[tvals == t]) for t in np.unique(tvals)]
         if len(steps) > 1 and any(self.mod.plan.tree.values()):
             raise NotImplementedError(f"{self.rule!r}: a reduction over the whole group needs its leaves at one "
                                       f"step count; they are at {sorted(set(tvals.tolist()))}")
