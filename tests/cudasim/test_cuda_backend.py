@@ -231,6 +231,15 @@ def test_group_bad_input():
     assert grp.t == 0 and all(_host(y).tobytes() == x.tobytes() for x, y in zip(xs, xd))
 
 
+def _continue_both_bitwise(s, xd, s2, grads):
+    """Step a state and its restored copy (on a copy of the parameter) with the same gradients."""
+    xd2 = _dev(_host(xd))
+    for g in grads:
+        s, xd = no.update_(s, xd, _dev(g))
+        s2, xd2 = no.update_(s2, xd2, _dev(g))
+    assert _host(xd).tobytes() == _host(xd2).tobytes()
+
+
 def test_save_and_load_copy_the_state_across_the_bus():
     x0, grads = R.data(np.float32, n=12, steps=3)
     xd = _dev(x0.copy())
@@ -240,11 +249,7 @@ def test_save_and_load_copy_the_state_across_the_bus():
     assert type(host) is no.Leaf and host.t == 1 and isinstance(host.arrays[0], np.ndarray)
     s2 = pickle.loads(pickle.dumps(s))
     assert type(s2) is nc.DeviceLeaf and s2.t == 1
-    xd2 = _dev(_host(xd))
-    for g in grads[1:]:
-        s, xd = no.update_(s, xd, _dev(g))
-        s2, xd2 = no.update_(s2, xd2, _dev(g))
-    assert _host(xd).tobytes() == _host(xd2).tobytes()
+    _continue_both_bitwise(s, xd, s2, grads[1:])
     back = nc.DeviceLeaf.from_host(host)
     assert _host(back.arrays[1]).tobytes() == host.arrays[1].tobytes()
 
@@ -270,11 +275,7 @@ def test_numbaopt_save_and_load_of_gpu_state(tmp_path):
     no.save(tmp_path / "leaf.npz", s)
     s2 = no.load(tmp_path / "leaf.npz")
     assert type(s2) is nc.DeviceLeaf and s2.t == 1
-    xd2 = _dev(_host(xd))
-    for g in grads[1:]:
-        s, xd = no.update_(s, xd, _dev(g))
-        s2, xd2 = no.update_(s2, xd2, _dev(g))
-    assert _host(xd).tobytes() == _host(xd2).tobytes()
+    _continue_both_bitwise(s, xd, s2, grads[1:])
 
     model = {"cpu": x0.copy(), "gpu": [_dev(x0.copy()), (_dev(x0[:5].copy()),)]}
 
