@@ -596,17 +596,25 @@ def kernels(rules, dtype):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            text = generate_source(rules, dtype)
-            path = _write_module(text)
-            name = os.path.splitext(os.path.basename(path))[0]
-            mod = sys.modules.get(name)
-            if mod is None:
-                spec = importlib.util.spec_from_file_location(name, path)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules[name] = mod
-                spec.loader.exec_module(mod)
-            mod.source_path = path
-            _modules[key] = mod
+            mod = _modules[key] = import_generated(generate_source(rules, dtype))
+    return mod
+
+
+def import_generated(text: str, prefix: str = ""):
+    """Write generated source to the cache (content-hashed file name) and import it once per process.
+
+    The module is named after the file (plus ``prefix``, for generators whose text could coincide);
+    ``module.source_path`` is the file.
+    """
+    path = _write_module(text)
+    name = prefix + os.path.splitext(os.path.basename(path))[0]
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        mod.source_path = path
     return mod
 
 

@@ -19,7 +19,6 @@ code.
 from __future__ import annotations
 
 import math
-import sys
 import time
 import warnings
 
@@ -215,18 +214,8 @@ def _driver_module(rules, dtype):
                                    rows=rows, drivers=drivers)
     with codegen._lock:
         mod = _drivers.get(key)
-        if mod is None:
-            import importlib.util
-            import os
-            path = codegen._write_module(text)  # content-hashed name: a changed driver is a new file
-            name = os.path.splitext(os.path.basename(path))[0]
-            mod = sys.modules.get(name)
-            if mod is None:
-                spec = importlib.util.spec_from_file_location(name, path)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules[name] = mod
-                spec.loader.exec_module(mod)
-            _drivers[key] = mod
+        if mod is None:  # content-hashed name: a changed driver is a new file
+            mod = _drivers[key] = codegen.import_generated(text)
     return mod
 
 

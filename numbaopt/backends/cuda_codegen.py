@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import ast
 import ctypes
-import importlib.util
-import os
-import sys
 import threading
 
 import numpy as np
@@ -316,16 +313,7 @@ def kernels(rules, dtype):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            text = generate_source(rules, dtype)
-            path = codegen._write_module(text)
-            name = "cuda_" + os.path.splitext(os.path.basename(path))[0]
-            mod = sys.modules.get(name)
-            if mod is None:
-                spec = importlib.util.spec_from_file_location(name, path)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules[name] = mod
-                spec.loader.exec_module(mod)
-            mod.source_path = path
+            mod = codegen.import_generated(generate_source(rules, dtype), prefix="cuda_")
             mod.plan = Plan(ChainLayout(rules))
             _modules[key] = mod
     return mod
