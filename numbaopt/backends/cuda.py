@@ -167,6 +167,17 @@ def _device_state(layout, rules, dtype, size):
     return arrays
 
 
+def _device_copies(arrays) -> list:
+    """New device arrays holding device-to-device copies of ``arrays``."""
+    from numba import cuda
+    out = []
+    for a in arrays:
+        b = cuda.device_array(a.shape, dtype=a.dtype)
+        b.copy_to_device(a)
+        out.append(b)
+    return out
+
+
 _max_blocks = [None]
 
 
@@ -275,14 +286,8 @@ class DeviceLeaf(Leaf):
 
     def copy(self) -> "DeviceLeaf":
         """An independent copy (device-to-device copies of the state)."""
-        from numba import cuda
-        arrays = []
-        for a in self.arrays:
-            b = cuda.device_array(a.shape, dtype=a.dtype)
-            b.copy_to_device(a)
-            arrays.append(b)
-        return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=arrays, t=self.t, hp=self.hp.copy(),
-                          skipped=self.skipped)
+        return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=_device_copies(self.arrays), t=self.t,
+                          hp=self.hp.copy(), skipped=self.skipped)
 
     def to_host(self) -> Leaf:
         """A host :class:`numbaopt.Leaf` with the same state (copied to host memory)."""
@@ -674,15 +679,9 @@ class DeviceGroup:
 
     def copy(self) -> "DeviceGroup":
         """An independent copy (device-to-device copies of the arenas)."""
-        from numba import cuda
-        arenas = []
-        for a in self.arenas:
-            b = cuda.device_array(a.shape, dtype=a.dtype)
-            b.copy_to_device(a)
-            arenas.append(b)
         g = DeviceGroup.__new__(DeviceGroup)
         g.__dict__.update(self.__dict__)
-        g.arenas = tuple(arenas)
+        g.arenas = tuple(_device_copies(self.arenas))
         g.ts, g.skips, g.hp = self.ts.copy(), self.skips.copy(), self.hp.copy()
         g.scratch = _Scratch(self.mod.plan, len(self.shapes), g.hp)
         g._new_tables()
