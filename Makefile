@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cudasim bench bench-compare bench-quick docs clean venv
+.PHONY: demo test test-fast test-cudasim lint bench bench-compare bench-pipeline docs clean venv
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev,progress]"
+	$(BIN)/python -m pip install -q -e ".[dev,progress,ref]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,9 @@ test: $(STAMP)
 test-cudasim: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
 
+lint: $(STAMP)
+	$(BIN)/ruff check numbaopt tests benchmarks examples asv_benchmarks
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
@@ -31,6 +34,9 @@ bench: $(STAMP)
 
 bench-compare: $(STAMP)
 	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/compare.py
+
+bench-pipeline: $(STAMP)
+	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/pipeline.py
 
 docs: $(STAMP)
 	$(BIN)/python -m numbaopt.docs > docs/rules.md

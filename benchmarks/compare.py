@@ -37,11 +37,12 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 import numbaopt as no  # noqa: E402
-from numbaopt import codegen  # noqa: E402
+from numbaopt.compiler import kernels  # noqa: E402
 
 F32 = np.float32
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
 WD, DELTA = 5e-4, 1.0
+WD32, DELTA32 = F32(WD), F32(DELTA)
 SIZES = (16, 4096, 1 << 20, 1 << 24)
 
 
@@ -148,11 +149,11 @@ def adam_case(n: int, rounds: int):
     sk = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xk)
     kern = sk.kernels().inplace
     S0, S1 = sk.arrays
-    hp = sk.hp
+    hp, C = sk.hp, sk.counters
     xu = x0.copy()
     su = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xu)
     xn, mn, vn, tmp = x0.copy(), np.zeros(n, F32), np.zeros(n, F32), np.empty(n, F32)
-    th, tk, tn = [0], [0], [0]
+    th, _tk, tn = [0], [0], [0]
 
     def hand(number, f=adam_hand, x=xh, g=g, m=mh, v=vh):
         t = th[0]
@@ -161,12 +162,9 @@ def adam_case(n: int, rounds: int):
             f(x, g, m, v, LR, B1, B2, EPS, t)
         th[0] = t
 
-    def kernel(number, f=kern, x=xk, g=g, a=S0, b=S1, hp=hp):
-        t = tk[0]
-        for _ in range(number):
-            t += 1
-            f(x, g, a, b, hp, t)
-        tk[0] = t
+    def kernel(number, f=kern, x=xk, g=g, a=S0, b=S1, hp=hp, C=C):
+        for _ in range(number):  # the kernel advances its step counters C itself
+            f(x, g, a, b, hp, C)
 
     def update(number, f=no.update_, s=su, x=xu, g=g):
         for _ in range(number):
@@ -200,15 +198,15 @@ def chain_case(n: int, rounds: int):
     sf = no.setup(no.chain(*rules), xf)
     xu = x0.copy()
     su = no.setup(rules[2], xu)
-    wd_pass = _map_pass(codegen.kernels((rules[0],), F32).step_0)
-    clip_pass = _map_pass(codegen.kernels((rules[1],), F32).step_0)
+    wd_pass = _map_pass(kernels(rules[0], F32).step_0)
+    clip_pass = _map_pass(kernels(rules[1], F32).step_0)
     d = np.empty(n, F32)
 
     def fused(number, f=no.update_, s=sf, x=xf, g=g):
         for _ in range(number):
             f(s, x, g)
 
-    def unfused(number, f=no.update_, s=su, x=xu, g=g, d=d, wd=F32(WD), delta=F32(DELTA)):
+    def unfused(number, f=no.update_, s=su, x=xu, g=g, d=d, wd=WD32, delta=DELTA32):
         for _ in range(number):
             wd_pass(x, g, d, wd)
             clip_pass(x, d, d, delta)
@@ -287,7 +285,8 @@ def main(argv=None):
     print("| chain(WeightDecay, ClipGrad, Adam), float32 | fused (one kernel) | unfused (3 passes) | unfused / fused |")
     print("|---|---|---|---|")
     for n, r in chains:
-        print(f"| {size_name(n)} elements | {fmt(r['fused'])} | {fmt(r['unfused'])} | {r['unfused'] / r['fused']:.2f} |")
+        ratio = r["unfused"] / r["fused"]
+        print(f"| {size_name(n)} elements | {fmt(r['fused'])} | {fmt(r['unfused'])} | {ratio:.2f} |")
     ok = all(r["same_numbers"] for _, r in rows + chains)
     print()
     print("Generated and reference variants computed identical numbers." if ok else

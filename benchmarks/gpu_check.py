@@ -64,7 +64,7 @@ def catalog():
     out = []
     for name in R.__all__:
         obj = getattr(R, name)
-        if isinstance(obj, type) and issubclass(obj, no.Rule) and obj is not no.Rule:
+        if isinstance(obj, type) and issubclass(obj, no.Rule) and obj is not no.Rule and obj.stage is None:
             out.append(obj())
     out += [no.RMSProp(centred=True), no.AdamW(weight_decay=0.1, couple=False), no.ClipNorm(1.0, p=float("inf")),
             no.ClipNorm(1.0, p=1.0), no.LAMB(weight_decay=0.1), no.LARS(0.5, weight_decay=0.1),
@@ -89,7 +89,7 @@ def check_rules(n, steps, complex_rules=4, max_rules=None):
     cplx = [r for r in catalog() if all(type(m).supports_complex for m in r.rules)][:complex_rules]
     cases += [(r, np.complex64) for r in cplx]
     for rule, dtype in cases:
-        def draw():
+        def draw(dtype=dtype):
             a = rng.standard_normal(n)
             if np.dtype(dtype).kind == "c":
                 a = a + 1j * rng.standard_normal(n)
@@ -145,7 +145,7 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
     import numpy as np
     from numba import cuda
     import numbaopt as no
-    from numbaopt.backends import cuda_codegen as cc
+    from numbaopt.backends.cuda import runtime as cc
     rows = []
     sync = cuda.synchronize
 
@@ -270,8 +270,8 @@ def ptx_check(cc_str):
     import numba.cuda.dispatcher as D
     from numba.cuda import types as T
     from numba.cuda.np.numpy_support import from_dtype
-    from numbaopt import codegen
-    from numbaopt.backends import cuda_codegen as cg
+    from numbaopt.compiler import ChainLayout, real_dtype
+    from numbaopt.backends.cuda import runtime as cg
     major, minor = (int(v) for v in cc_str.split("."))
 
     class _Dev:  # device functions ask the current device for its compute capability; there is none
@@ -286,9 +286,9 @@ def ptx_check(cc_str):
         for dt in (np.float32, np.complex64):
             if np.dtype(dt).kind == "c" and not all(type(m).supports_complex for m in rule.rules):
                 continue
-            lay = codegen.ChainLayout(rule.rules)
+            lay = ChainLayout(rule)
             S = [A(d) for d in lay.state_dtypes(dt)]
-            rdt = codegen.real_dtype(dt)
+            rdt = real_dtype(dt)
             red = [A(np.float64, 2), A(np.int64)] if lay.reducers else []
             sigs = {"inplace": [A(dt), A(dt)] + S + [A(rdt), T.int64] + red,
                     "outplace": [A(dt), A(dt)] + S + [A(rdt), T.int64] + red + [A(dt)] + S,
@@ -298,7 +298,7 @@ def ptx_check(cc_str):
                 sigs[f"reduce_k{r}"] = [A(dt), A(dt)] + S + tail
                 sigs[f"mreduce_k{r}"] = [A(np.int64)] * 6 + S + tail
                 sigs[f"finish_k{r}"] = [A(np.float64, 2), A(rdt), A(np.float64, 2), A(np.int64), T.int64]
-            mod = cg.kernels(rule.rules, dt)
+            mod = cg.kernels(rule, dt)
             for name, sig in sigs.items():
                 rec = {"rule": _name(rule), "dtype": np.dtype(dt).name, "kernel": name}
                 try:
@@ -341,7 +341,7 @@ def main(argv=None):
     import warnings
     import numba
     from numba import cuda
-    from numbaopt.backends import cuda_codegen as cc
+    from numbaopt.backends.cuda import runtime as cc
     for mod in ("numba.core.errors", "numba.cuda.core.errors"):  # small grids in the rule check are deliberate
         try:
             warnings.simplefilter("ignore", __import__(mod, fromlist=["x"]).NumbaPerformanceWarning)

@@ -190,7 +190,7 @@ def vqe_pennylane(max_steps=20000):
     opt = qml.AdamOptimizer(stepsize=LR)  # PennyLane's defaults otherwise (beta2 = 0.99)
     theta = pnp.array(vqe.initial_angles(NQ, LAYERS, 0), requires_grad=True)
     t0 = time.perf_counter()
-    for it in range(max_steps):
+    for it in range(max_steps):  # noqa: B007 (the count is returned)
         theta, e = opt.step_and_cost(circuit, theta)
         if e <= target:
             break

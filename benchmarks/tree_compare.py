@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numbaopt as no  # noqa: E402
+from numbaopt.tree.state import core  # noqa: E402
 
 
 def resnet18_shapes():
@@ -85,7 +86,7 @@ def case(name, shapes, reps, container="list"):
         no.update_(st_flat, flat, gflat)
 
     med = side_by_side({"tree": tree, "flat": one}, reps)
-    assert st_tree._fast is not None, "the fast path did not engage"
+    assert core(st_tree).fast is not None, "the fast path did not engage"
     n = sum(int(np.prod(s)) for s in shapes)
     print(f"| {name} | {len(shapes)} | {n:,} | {med['tree']:.0f} | {med['flat']:.0f} | "
           f"{med['tree'] / med['flat']:.2f} |", flush=True)
@@ -103,6 +104,7 @@ def overhead(reps):
     xk = x.copy()
     hp = leaf.hp
     a0, a1 = leaf.arrays
+    C = leaf.counters
 
     def tree():
         no.update_(st_tree, model, grads)
@@ -111,7 +113,7 @@ def overhead(reps):
         no.update_(st_arr, xa, g)
 
     def kernel():
-        kern(xk, g, a0, a1, hp, 1)
+        kern(xk, g, a0, a1, hp, C)
 
     med = side_by_side({"tree": tree, "array": arr, "kernel": kernel}, reps)
     print(f"| `update_` on a tree with one 16-element leaf | {med['tree']:.2f} |")

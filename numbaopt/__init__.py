@@ -4,24 +4,51 @@
 >>> x = np.ones(4, dtype=np.float32)
 >>> state = no.setup(no.Adam(lr=0.1), x)
 >>> state, x = no.update_(state, x, np.ones(4, dtype=np.float32))
-"""
-from .rule import Rule, hyper, option, state
-from .chain import Chain, chain
-from .rules import *  # noqa: F401,F403
-from .rules import __all__ as _rules_all
-from .leaf import Leaf
-from .api import setup, update, update_, adjust, adjust_, jit_step, JitStep
-from .backends.cpu import set_parallel_threshold, parallel_threshold
 
-# Each feature module defines __all__; its public names are re-exported here (one line per module).
-from .tree import *  # [trees]
-from .wrappers import *  # [catalog]
-from .schedules import *  # [catalog]
-from .loops import *  # [loops]
-from .backends.cuda import *  # [cuda]
+The package in layers (each imports only from those before it): :mod:`.schedules`, :mod:`.rules` (the
+definition mechanism, chains, stages, the built-in rules), :mod:`.compiler` (kernel generation and cache),
+:mod:`.backends` (one array's state, CPU and CUDA execution), :mod:`.tree` (nested models and their state,
+the transactional step), :mod:`.api`, then :mod:`.loops`, :mod:`.persist` and :mod:`.docs`.
+"""
+from . import schedules
+from .api import JitStep, adjust, adjust_, jit_step, setup, update, update_
+from .backends.cpu import parallel_threshold, set_parallel_threshold
+from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available, is_device_array, setup_device_group
+from .backends.state import Leaf
+from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
+from .persist import DeviceUnavailable, load, save
+from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, Chain, ClipGlobalNorm,
+                    ClipGrad, ClipNorm, Descent, LAMB, LAMBDirection, LARS, Lion, Lookahead, LookaheadSync,
+                    MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard, OAdam, RAdam, RMSProp, Rprop, Rule,
+                    SignDecay, Signum, SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, chain, hyper, option, state)
+from .schedules import (Schedule, constant, cosine, exponential, join, linear, one_cycle, piecewise_constant,
+                        step_decay, warmup_cosine)
+from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
+                   param_info, register_container, thaw_)
 
 __version__ = "0.1.0"
-import types as _types
 
-__all__ = sorted(n for n, v in globals().items()
-                 if not n.startswith("_") and not isinstance(v, _types.ModuleType))
+__all__ = [
+    # the step API
+    "setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Leaf",
+    "parallel_threshold", "set_parallel_threshold",
+    # defining and composing rules
+    "Rule", "hyper", "option", "state", "Chain", "chain",
+    # the catalogue
+    "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop",
+    "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad", "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm",
+    "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS",
+    "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "AccumGrad", "MixedPrecision",
+    # schedules
+    "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
+    "warmup_cosine", "one_cycle", "join",
+    # trees
+    "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
+    "param_info", "freeze_", "thaw_", "destructure",
+    # persistence
+    "save", "load", "DeviceUnavailable",
+    # compiled loops
+    "minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult",
+    # the GPU (optional: numbaopt[cuda])
+    "DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "is_device_array", "cuda_available",
+]

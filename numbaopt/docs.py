@@ -9,24 +9,30 @@ from __future__ import annotations
 import inspect
 import math
 
-from . import rules as _rules
-from . import schedules as _schedules
-from . import wrappers as _wrappers
-from .rule import Rule
+from . import rules
+from . import schedules
+from .rules.base import Rule
 
-__all__ = ["rule_classes", "composites", "render"]
+__all__ = ["rule_classes", "stages", "composites", "render"]
 
 
 def rule_classes() -> list:
-    """The built-in rule classes, in catalog order."""
-    return [getattr(_rules, n) for n in _rules.__all__
-            if isinstance(getattr(_rules, n), type) and issubclass(getattr(_rules, n), Rule)]
+    """The built-in elementwise and reduction rule classes, in catalog order (stages excluded)."""
+    return [getattr(rules, n) for n in rules.BUILTIN
+            if isinstance(getattr(rules, n), type) and issubclass(getattr(rules, n), Rule)
+            and getattr(rules, n).stage is None]
+
+
+def stages() -> list:
+    """The built-in stages (chain members implemented by the pipeline: AccumGrad, MixedPrecision)."""
+    return [getattr(rules, n) for n in rules.BUILTIN
+            if isinstance(getattr(rules, n), type) and getattr(rules, n).stage is not None]
 
 
 def composites() -> list:
     """The user-facing names that build chains of primitive rules (LAMB, LARS, ...)."""
-    return [getattr(_rules, n) for n in _rules.__all__
-            if not isinstance(getattr(_rules, n), type) and callable(getattr(_rules, n))]
+    return [getattr(rules, n) for n in rules.BUILTIN
+            if not isinstance(getattr(rules, n), type) and callable(getattr(rules, n))]
 
 
 def _cell(text: str) -> str:
@@ -101,16 +107,19 @@ def render() -> str:
           "| name | signature | definition |", "|---|---|---|"]
     for f in composites():
         L.append(f"| `{f.__name__}` | `{_cell(str(inspect.signature(f)))}` | {_cell(inspect.getdoc(f))} |")
-    L += ["", "## Host-level wrappers", ""]
-    for cls in (_wrappers.AccumGrad, _wrappers.MixedPrecision):
-        L += [f"### `{cls.__name__}`", "", inspect.getdoc(cls), ""]
+    L += ["", "## Stages", "",
+          "Chain members that are not an elementwise step; the compiler and the step pipeline implement them, "
+          "so a chain holding one is still one fused kernel per group of leaves.", ""]
+    for cls in stages():
+        L += [f"### `{cls.__name__}`", "", f"Hyperparameters: {_hypers(cls)}; options: {_options(cls)}; optax: "
+              f"{cls.optax}.", "", inspect.getdoc(cls), ""]
     L += ["## Schedules", "",
           "Any hyperparameter of any rule (also inside a chain) may be a schedule: "
           "`Adam(lr=cosine(1e-3, 1000))`. It is evaluated once per step on the host and passed to the "
           "kernel as a runtime scalar.", "", "| schedule | signature | definition |", "|---|---|---|"]
-    for n in _schedules.__all__:
-        obj = getattr(_schedules, n)
-        if obj is _schedules.Schedule:
+    for n in schedules.__all__:
+        obj = getattr(schedules, n)
+        if obj is schedules.Schedule:
             continue
         sig = inspect.signature(obj)
         L.append(f"| `{n}` | `{_cell(str(sig))}` | {_cell(inspect.getdoc(obj))} |")

@@ -342,9 +342,9 @@ def test_driver_is_cached_across_processes(tmp_path):
     '''))
     script = textwrap.dedent('''
         import numpy as np, numbaopt as no, userfun
-        from numbaopt import loops
+        from numbaopt.loops.drivers import driver_module
         r = no.minimize(userfun.f, np.ones(4), no.Adam(0.1), maxiter=10)
-        drv = next(iter(loops._drivers.values())).run_fg
+        drv = driver_module(no.Adam(0.1), np.float64).run_fg
         print(sum(drv.stats.cache_hits.values()), sum(drv.stats.cache_misses.values()))
     ''')
     env = dict(os.environ, NUMBAOPT_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=f"{tmp_path}:{ROOT}")

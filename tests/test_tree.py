@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import numbaopt as no
-from numbaopt import engine
+from numbaopt.tree import step as tree_step
+from numbaopt.tree.state import core
 
 
 def adam_ref(x, g, m, v, t, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
@@ -148,7 +149,7 @@ def test_adjust_keeps_moments_and_never_recompiles():
     grads = [np.full(3, 0.5, np.float32), np.full(2, 2.0, np.float32)]
     state = no.setup(no.Adam(lr=0.1), model)
     state, model = no.update_(state, model, grads)
-    kern = state._groups[0].kern
+    kern = core(state).groups[0].mod
     nsig = len(kern.multi.signatures)
     new = no.adjust(state, lr=0.01, beta1=0.8)
     assert new[0].rule.lr == 0.01 and state[0].rule.lr == 0.1
@@ -159,7 +160,7 @@ def test_adjust_keeps_moments_and_never_recompiles():
     assert state[1].rule.lr == 0.5 and state[1].hp[0] == 0.5
     with pytest.raises(ValueError, match="valid:.*'lr'"):
         no.adjust(state, learning_rate=1.0)
-    assert new._groups[0].kern is kern and len(kern.multi.signatures) == nsig
+    assert core(new).groups[0].mod is kern and len(kern.multi.signatures) == nsig
 
 
 def test_destructure_round_trip_with_ties():
@@ -257,14 +258,14 @@ def test_pure_update_touches_nothing_and_returns_new_arrays():
     model = {"a": [np.ones(3, np.float32), np.ones((2, 2))], "b": 1.0}
     grads = {"a": [np.ones(3, np.float32), np.ones((2, 2))], "b": 0.5}
     state = no.setup(no.Adam(), model)
-    st_before = [a.copy() for g in state._groups for a in g.arenas]
+    st_before = [a.copy() for g in core(state).groups for a in g.arenas]
     model_copy, grads_copy = copy.deepcopy(model), copy.deepcopy(grads)
     ids = [id(x) for x in model["a"]]
     new_state, new = no.update(state, model, grads)
     assert [id(x) for x in model["a"]] == ids
     for a, b in zip(model["a"] + grads["a"], model_copy["a"] + grads_copy["a"]):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip([a for g in state._groups for a in g.arenas], st_before):
+    for a, b in zip([a for g in core(state).groups for a in g.arenas], st_before):
         np.testing.assert_array_equal(a, b)
     assert all(n is not o for n, o in zip(new["a"], model["a"])) and new is not model
     assert state["a"][0].t == 0 and new_state["a"][0].t == 1
@@ -284,7 +285,7 @@ def test_fast_path_engages_and_falls_back_correctly():
             gs[3] = gs[3].astype(np.float64)  # a gradient of another dtype: general path casts
         state, xs = no.update_(state, xs, gs)
         s_ref, ref = no.update(s_ref, ref, gs)
-        assert state._fast is not None
+        assert core(state).fast is not None
         for a, b in zip(xs, ref):
             np.testing.assert_array_equal(a, b)
 
@@ -340,8 +341,11 @@ def test_tree_scope_reduction_over_one_group_matches_flat_array():
     flat = np.array([3.0, 0.0, 4.0])
     _, ref = no.update(no.setup(rule, flat), flat, np.array([3.0, 0.0, 4.0]))
     np.testing.assert_array_equal(np.concatenate([out[0].ravel(), out[1].ravel()]), ref)
-    with pytest.raises(NotImplementedError, match="tree-scope"):
-        no.setup(rule, [a, b.astype(np.float32)])
+    # across dtypes (two groups) the norm still spans both leaves: the partial sums are combined
+    b32 = b.astype(np.float32)
+    _, out = no.update(no.setup(rule, [a, b32]), [a, b32], [ga, gb.astype(np.float32)])
+    assert out[1].dtype == np.float32
+    np.testing.assert_allclose(np.concatenate([out[0].ravel(), out[1].ravel()]), ref, rtol=1e-7)
 
 
 def test_host_wrapper_leaves_and_float16_message():
@@ -409,9 +413,9 @@ def test_fast_path_on_nested_containers_matches_general_path(monkeypatch):
         assert out is fast_m
         s_ref, ref_m = no.update(s_ref, ref_m, g)
         np.testing.assert_array_equal(no.destructure(fast_m)[0], no.destructure(ref_m)[0])
-    assert s_fast._fast is not None
+    assert core(s_fast).fast is not None
     with monkeypatch.context() as mp:  # the next good step must not reach the general path
-        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        mp.setattr(tree_step, "collect", lambda *a: pytest.fail("general path used"))
         no.update_(s_fast, fast_m, grads_for(fast_m))
     g = grads_for(fast_m)
     g["pair"] = (g["pair"].a, g["pair"].b)
@@ -425,7 +429,7 @@ def test_adjust_reaches_wrapped_leaves():
         else no.Descent(0.5)  # noqa: E731
     state = no.setup(rule, model)
     new = no.adjust(state, lr=0.25)
-    assert new["h"].inner.rule.lr == 0.25 and state["h"].inner.rule.lr == 0.5
+    assert new["h"].rule.rules[-1].lr == 0.25 and state["h"].rule.rules[-1].lr == 0.5
     new, out = no.update(new, model, {"h": np.ones(2, np.float16), "w": np.ones(2)})
     assert np.all(out["h"] == 0.75) and np.all(out["w"] == 0.75)
 
@@ -466,7 +470,7 @@ def test_fast_plan_follows_a_new_model(monkeypatch):
     b = copy.deepcopy(a)  # other arrays: the old plan cannot serve them
     state, b = no.update_(state, b, [np.ones(3), np.ones(2)])
     with monkeypatch.context() as mp:
-        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        mp.setattr(tree_step, "collect", lambda *a: pytest.fail("general path used"))
         state, b = no.update_(state, b, [np.ones(3), np.ones(2)])
     np.testing.assert_array_equal(b[0], -0.5)
     np.testing.assert_array_equal(a[0], 0.5)
@@ -518,7 +522,7 @@ def test_fast_path_with_frozen_leaves(monkeypatch):
     no.freeze_(s_fast["a"][1])
     s_fast, fast_m = no.update_(s_fast, fast_m, steps[0])
     with monkeypatch.context() as mp:
-        mp.setattr(engine, "_prepare", lambda *a: pytest.fail("general path used"))
+        mp.setattr(tree_step, "collect", lambda *a: pytest.fail("general path used"))
         for g in steps[1:]:
             s_fast, fast_m = no.update_(s_fast, fast_m, g)
     np.testing.assert_array_equal(no.destructure(fast_m)[0], no.destructure(ref_m)[0])
@@ -532,7 +536,7 @@ def test_deepcopy_of_a_state_is_independent():
     no.freeze_(state[1])
     twin = copy.deepcopy(state)
     state, model = no.update_(state, model, [np.ones(2), np.ones(3)])
-    assert state[0].t == 1 and twin[0].t == 0 and twin._frozen[1]
+    assert state[0].t == 1 and twin[0].t == 0 and core(twin).frozen[1]
     np.testing.assert_array_equal(twin[0].state["v"], 0.0)
 
 

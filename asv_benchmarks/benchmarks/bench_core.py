@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 import numbaopt as no
-from numbaopt import codegen
+from numbaopt.compiler import kernels
 
 from . import REPO
 
@@ -163,8 +163,8 @@ class ChainFusion(_Suite):
             c = dict(x=x, g=g, state=no.setup(no.chain(wd, clip, adam), x))
         else:
             c = dict(x=x, g=g, state=no.setup(adam, x), d=np.empty(n, F32),
-                     wd_pass=_map_pass(codegen.kernels((wd,), F32).step_0),
-                     clip_pass=_map_pass(codegen.kernels((clip,), F32).step_0),
+                     wd_pass=_map_pass(kernels(wd, F32).step_0),
+                     clip_pass=_map_pass(kernels(clip, F32).step_0),
                      wd=F32(wd.weight_decay), delta=F32(clip.delta))
         holder = cls()
         holder.c = c

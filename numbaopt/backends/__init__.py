@@ -1,1 +1,2 @@
-"""Execution backends: ``cpu`` (Numba njit kernels) and ``cuda`` (Numba CUDA kernels, optional)."""
+"""Backends: the state of one array (:mod:`.state`) and the CPU (:mod:`.cpu`, :mod:`.abi`) and CUDA
+(:mod:`.cuda`) execution of the generated kernels."""

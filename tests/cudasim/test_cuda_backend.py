@@ -15,7 +15,8 @@ from numba import cuda
 
 import numbaopt as no
 from numbaopt.backends import cuda as nc
-from numbaopt.backends import cuda_codegen as cc
+from numbaopt.backends.cuda import runtime as cc
+from numbaopt.compiler import cuda as cuda_emit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import test_rules_reference as R  # noqa: E402  (the CPU suite's float64 references, not copied)
@@ -111,11 +112,11 @@ def test_state_is_on_the_device_and_hyperparameters_are_runtime():
 
 
 def test_source_is_generated_from_the_same_definition():
-    src = cc.generate_source(no.Adam().rules, np.float32)
+    src = cuda_emit.generate_source(no.Adam(), np.float32, cc.SIM, cc.TPB, cc.CHUNK)
     assert "def step_0(g, x, m, v, lr, beta1, beta2, eps, bc1, bc2):" in src
     assert "_R(1) - beta1" in src and "@cuda.jit" in src  # literals rewritten as for the CPU kernels
-    k = nc._codegen().kernels(no.Adam().rules, np.float32)
-    assert os.path.dirname(k.source_path) == no.codegen.cache_dir()
+    k = cc.kernels(no.Adam(), np.float32)
+    assert os.path.dirname(k.source_path) == no.compiler.cache_dir()
 
 
 def test_bad_input_is_refused_before_anything_is_written():
@@ -359,7 +360,7 @@ def test_mixed_host_and_device_tree():
     no.adjust_(state, lr=0.0)
     state, model = no.update_(state, model, {"cpu": g_host[0], "gpu": {"w": _dev(g_dev[0])}})
     assert _host(model["gpu"]["w"]).tobytes() == before.tobytes()  # lr 0 reached the device leaf
-    with pytest.raises(NotImplementedError, match="would span 2 groups"):
+    with pytest.raises(NotImplementedError, match="on the GPU and elsewhere"):
         no.setup(no.chain(no.ClipGlobalNorm(1.0), no.Descent(0.1)), {"a": _dev(dev_w), "b": host_w})
 
 
@@ -457,11 +458,13 @@ def test_frozen_device_leaf_in_a_tree_is_not_stepped():
     assert np.all(m["cpu"] == 0.0) and np.all(_host(m["gpu"]["w"]) == 0.5)
 
 
-def test_a_missing_gradient_is_named_as_such():
+def test_a_missing_gradient_skips_and_a_wrong_one_is_named():
     xd = _dev(np.ones(3, np.float32))
     s = no.setup(no.Adam(), xd)
-    with pytest.raises(TypeError, match="g: expected a device array for the GPU parameter, got NoneType"):
-        no.update_(s, xd, None)
+    s2, x2 = no.update_(s, xd, None)  # a None gradient skips the step, as for host arrays and in trees
+    assert s2 is s and x2 is xd and s.t == 0
+    with pytest.raises(TypeError, match="g: expected a device array for the GPU parameter, got list"):
+        no.update_(s, xd, [1.0, 2.0, 3.0])
 
 
 def test_group_adjust():

@@ -8,7 +8,7 @@ C-contiguity, alignment, writeability, dtype) and returns the data addresses.
 
 The layout is verified at import against ``x.ctypes.data``/``x.shape``/``x.flags`` for a few arrays
 (with ``ctypes``, no compilation); when anything disagrees :data:`OK` is False and the tree engine
-uses its pure-Python path only.
+uses its general path only.
 """
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ import ctypes
 import sys
 
 import numpy as np
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
-__all__ = []
+from ..compiler.intrinsics import load_i32, load_i64
+
+__all__ = ["OK", "gather", "gather_lists", "data_pointers", "ARRAY_TYPE"]
+
+#: ``id(np.ndarray)``: what the header of an exact ndarray points to
+ARRAY_TYPE = id(np.ndarray)
 
 OB_TYPE, DATA, ND, DIMS, DESCR, FLAGS = 8, 16, 24, 32, 56, 64
 C_CONTIGUOUS, ALIGNED, WRITEABLE = 0x1, 0x100, 0x400
@@ -71,28 +75,6 @@ def _verify() -> bool:
 OK = _verify()
 
 
-@intrinsic
-def _load_i64(typingctx, addr):
-    sig = types.int64(addr)
-
-    def codegen(context, builder, signature, args):
-        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
-        return builder.load(ptr)
-
-    return sig, codegen
-
-
-@intrinsic
-def _load_i32(typingctx, addr):
-    sig = types.int32(addr)
-
-    def codegen(context, builder, signature, args):
-        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
-        return builder.load(ptr)
-
-    return sig, codegen
-
-
 @njit(cache=True, error_model="numpy", nogil=True)
 def gather(ids, writeable, ndims, dimstart, dims, descrs, arraytype, out):
     """Validate the arrays at addresses ``ids`` and store their data pointers in ``out``.
@@ -104,24 +86,24 @@ def gather(ids, writeable, ndims, dimstart, dims, descrs, arraytype, out):
     """
     for j in range(ids.shape[0]):
         a = ids[j]
-        if _load_i64(a + 8) != arraytype:
+        if load_i64(a + 8) != arraytype:
             return j
-        nd = _load_i32(a + 24)
+        nd = load_i32(a + 24)
         if nd != ndims[j]:
             return j
-        dp = _load_i64(a + 32)
+        dp = load_i64(a + 32)
         s = dimstart[j]
         for k in range(nd):
-            if _load_i64(dp + 8 * k) != dims[s + k]:
+            if load_i64(dp + 8 * k) != dims[s + k]:
                 return j
-        fl = _load_i32(a + 64)
+        fl = load_i32(a + 64)
         if (fl & 0x101) != 0x101:
             return j
         if writeable[j] and (fl & 0x400) == 0:
             return j
-        if _load_i64(a + 56) != descrs[j]:
+        if load_i64(a + 56) != descrs[j]:
             return j
-        out[j] = _load_i64(a + 16)
+        out[j] = load_i64(a + 16)
     return -1
 
 
@@ -138,35 +120,35 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
     dispatch time. Runs with the GIL held, so the lists cannot change during the call.
     """
     n = tab.shape[0]
-    if _load_i64(plist + 16) != n or _load_i64(glist + 16) != n:
+    if load_i64(plist + 16) != n or load_i64(glist + 16) != n:
         return n
-    pitems = _load_i64(plist + 24)
-    gitems = _load_i64(glist + 24)
+    pitems = load_i64(plist + 24)
+    gitems = load_i64(glist + 24)
     for j in range(n):
-        p = _load_i64(pitems + 8 * j)
-        g = _load_i64(gitems + 8 * j)
-        if p != tab[j, 0] or _load_i64(g + 8) != arraytype:
+        p = load_i64(pitems + 8 * j)
+        g = load_i64(gitems + 8 * j)
+        if p != tab[j, 0] or load_i64(g + 8) != arraytype:
             return j
         nd = tab[j, 2]
-        if _load_i32(p + 24) != nd or _load_i32(g + 24) != nd:
+        if load_i32(p + 24) != nd or load_i32(g + 24) != nd:
             return j
-        pd = _load_i64(p + 32)
-        gd = _load_i64(g + 32)
+        pd = load_i64(p + 32)
+        gd = load_i64(g + 32)
         s = tab[j, 3]
         for k in range(nd):
-            if _load_i64(pd + 8 * k) != dims[s + k] or _load_i64(gd + 8 * k) != dims[s + k]:
+            if load_i64(pd + 8 * k) != dims[s + k] or load_i64(gd + 8 * k) != dims[s + k]:
                 return j
-        pf = _load_i32(p + 64)
-        gf = _load_i32(g + 64)
+        pf = load_i32(p + 64)
+        gf = load_i32(g + 64)
         if (pf & 0x101) != 0x101 or (gf & 0x101) != 0x101:
             return j
         if tab[j, 1] != 0 and (pf & 0x400) == 0:
             return j
-        if _load_i64(p + 56) != tab[j, 4] or _load_i64(g + 56) != tab[j, 4]:
+        if load_i64(p + 56) != tab[j, 4] or load_i64(g + 56) != tab[j, 4]:
             return j
         d = tab[j, 5]
-        out[0, d] = _load_i64(p + 16)
-        out[1, d] = _load_i64(g + 16)
+        out[0, d] = load_i64(p + 16)
+        out[1, d] = load_i64(g + 16)
     return -1
 
 
@@ -175,7 +157,7 @@ def data_pointers(ids, arraytype, out):
     """``out[j]`` = the data pointer of the ndarray at address ``ids[j]`` (objects alive for the call).
     Returns -1, or the first ``j`` that is not an exact ndarray (its header is not read)."""
     for j in range(ids.shape[0]):
-        if _load_i64(ids[j] + 8) != arraytype:
+        if load_i64(ids[j] + 8) != arraytype:
             return j
-        out[j] = _load_i64(ids[j] + 16)
+        out[j] = load_i64(ids[j] + 16)
     return -1

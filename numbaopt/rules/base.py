@@ -14,8 +14,12 @@ A rule is declared once, as a class:
 * ONE scalar function ``step(g, x, <state>, <hyper/option/scalar names>) -> (d, <new state>)``.
 
 Every kernel (in-place, out-of-place, threaded, multi-leaf, CUDA, the step callable from a user's
-``@njit`` code) is generated from ``step`` by :mod:`numbaopt.codegen`. The step and helper bodies may
-use the names listed in :data:`STEP_NAMESPACE` and nothing else from their module.
+``@njit`` code) is generated from ``step`` by :mod:`numbaopt.compiler`. The step and helper bodies may
+use the names of :mod:`numbaopt.rules.ops` (:data:`STEP_NAMESPACE`) and nothing else from their module.
+
+A rule may instead be a *stage* (``stage = "accumulate"`` or ``"master"``, see :mod:`numbaopt.rules.stages`):
+a chain member with hyperparameters and state like any rule, whose effect the compiler and the step
+pipeline implement (gradient accumulation, a master copy) instead of a ``step``.
 """
 from __future__ import annotations
 
@@ -25,14 +29,16 @@ import inspect
 import math
 import textwrap
 
-__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE"]
+import numpy as np
 
-#: Names a ``step``/``reduce`` body may use besides its own arguments (defined in the generated
-#: module's prelude; see ``codegen.PRELUDE``).
-STEP_NAMESPACE = frozenset({
-    "sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "isfinite", "hypot", "exp", "log", "one_minus_pow",
-    "min", "max", "abs", "math", "np", "True", "False", "None", "float", "INF",
-})
+from ..schedules import Schedule
+from .ops import STEP_NAMESPACE
+
+__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "is_scheduled", "function_source",
+           "step_args"]
+
+#: the domain of a decay rate: ``beta1 = hyper(0.9, **UNIT)`` is checked to lie in [0, 1)
+UNIT = dict(low=0.0, high=1.0, high_open=True)
 
 
 class hyper:
@@ -62,7 +68,7 @@ class hyper:
         return f"{left}{lo}, {hi}{right}"
 
     def check(self, owner: str, value) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_np_real(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
             raise TypeError(f"{owner}: hyperparameter {self.name} must be a real number, got {value!r}")
         v = float(value)
         if math.isnan(v):
@@ -75,11 +81,6 @@ class hyper:
         if not ok:
             raise ValueError(f"{owner}: hyperparameter {self.name}={value!r} is outside {self.domain()}")
         return v
-
-
-def _is_np_real(value) -> bool:
-    import numpy as np
-    return isinstance(value, (np.floating, np.integer))
 
 
 class option:
@@ -143,6 +144,8 @@ class Rule(metaclass=_RuleMeta):
     #: in a correspondence table: how torch.optim / optax spell the same rule
     torch: str = ""
     optax: str = ""
+    #: None for an elementwise rule; "accumulate" or "master" for the stages of numbaopt.rules.stages
+    stage = None
 
     _hypers: dict = {}
     _options: dict = {}
@@ -182,7 +185,6 @@ class Rule(metaclass=_RuleMeta):
                              f"valid: {names}")
         owner = type(self).__name__
         values = {}
-        from .schedules import Schedule
         for n, h in self._hypers.items():
             v = kwargs.get(n, h.default)
             if isinstance(v, Schedule):
@@ -230,6 +232,18 @@ class Rule(metaclass=_RuleMeta):
         """The state declarations present for this instance's options, in order."""
         return tuple(s for s in self._states.values() if s.when is None or self._values[s.when])
 
+    def value_at(self, name: str, t: int) -> float:
+        """Hyperparameter ``name`` for step ``t`` (a schedule evaluated and its value checked against the
+        domain: a ``ValueError`` names the rule, the hyperparameter and the step)."""
+        v = self._values[name]
+        if not isinstance(v, Schedule):
+            return v
+        h = self._hypers[name]
+        try:
+            return h.check(type(self).__name__, v(int(t)))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (the schedule {v!r} at step {int(t)})") from None
+
     def hyper_values(self) -> dict:
         return {n: self._values[n] for n in self._hypers}
 
@@ -266,6 +280,11 @@ class Rule(metaclass=_RuleMeta):
                 h.update(function_source(f).encode())
         cls._source_fp = fp = h.hexdigest()[:16]
         return fp
+
+
+def is_scheduled(rule) -> bool:
+    """Whether any hyperparameter of ``rule`` (a rule or a chain) is driven by a schedule."""
+    return any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
 
 
 def _rebuild(cls, values):

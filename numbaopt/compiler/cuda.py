@@ -1,15 +1,15 @@
 """The CUDA kernel generator: the same scalar rule definitions, wrapped in ``@cuda.jit`` kernels.
 
-This module imports ``numba.cuda``; :mod:`numbaopt.backends.cuda` imports it lazily, so importing
-numbaopt never does. For a chain of primitive rules and a dtype it writes ONE module (next to the CPU
-kernels, in :func:`numbaopt.codegen.cache_dir`, named by the hash of its text) containing
+This module only writes text (it does not import ``numba.cuda``); :mod:`numbaopt.backends.cuda.runtime`
+imports the modules it writes. For a chain of primitive rules and a dtype it writes ONE module (next to the CPU
+kernels, in :func:`numbaopt.compiler.cache_dir`, named by the hash of its text) containing
 
 * device functions made from the CPU prelude (``sqrt``, ``abs2``, ``sign``...: the same text, parsed
   and re-decorated as ``@cuda.jit(device=True)``) and each rule's ``step``/``prepare``/``reduce``/
   ``finish``, copied with the same literal rewriting as the CPU kernels (float32 stays float32);
 * ``inplace(x, g, *S, hp, t[, fin, st])`` and ``outplace(x, g, *S, hp, t[, fin, st], xo, *O)``:
   grid-stride loops over one flat array, their per-element body produced by
-  :func:`numbaopt.codegen.element_lines` exactly as on the CPU;
+  :func:`numbaopt.compiler.elements.element_lines` exactly as on the CPU;
 * ``multi(xaddr, gaddr, sizes, offsets, bleaf, bstart, *A, hp, t[, fin, st])``: many leaves in ONE
   launch. Parameters and gradients are reached through tables of device addresses; the state lives in
   flat arenas (leaf ``j`` at ``offsets[j]``); block ``b`` updates elements ``bstart[b]`` to
@@ -32,85 +32,30 @@ constants, and :func:`leaf_ptr` turns an address into a NumPy view instead of a 
 from __future__ import annotations
 
 import ast
-import ctypes
-import threading
 
 import numpy as np
-from numba import cuda
 
-from .. import codegen
-from ..codegen import ChainLayout, element_lines, _load_lines, _reduction_lines, _reduce_ops, real_dtype
+from .cpu import GENERATOR_VERSION
+from .elements import element_lines, load_lines, reduction_lines, rule_functions
+from .layout import ChainLayout, real_dtype, reduce_ops
+from . import prelude
+__all__ = ["generate_source", "Plan", "NO_STATUS", "CUDA_GENERATOR_VERSION"]
 
-CUDA_GENERATOR_VERSION = "1"
+CUDA_GENERATOR_VERSION = "2"
 
 #: ``st[0]`` when no rule blocked the step (int64 max: every real key is smaller)
 NO_STATUS = (1 << 63) - 1
 
-
-def simulator() -> bool:
-    """Whether Numba's CUDA simulator is active (``NUMBA_ENABLE_CUDASIM=1`` before importing numba)."""
-    return "simulator" in getattr(cuda.jit, "__module__", "")
-
-
-SIM = simulator()
-#: threads per block, and elements per block in the multi-leaf kernels (small in the simulator,
-#: where every thread is a Python thread)
-TPB = 16 if SIM else 256
-CHUNK = TPB * (2 if SIM else 8)
-
-if SIM:
-    def leaf_ptr(addr, n, dtype):
-        """Simulator: the NumPy array of ``n`` items of ``dtype`` at host address ``addr``."""
-        dt = np.dtype(dtype)
-        n = int(n)
-        if n == 0:
-            return np.empty(0, dtype=dt)
-        buf = (ctypes.c_char * (n * dt.itemsize)).from_address(int(addr))
-        return np.frombuffer(buf, dtype=dt)
-else:
-    from numba.cuda import types as _ctypes_nb
-    from numba.cuda.extending import intrinsic as _intrinsic
-
-    @_intrinsic
-    def leaf_ptr(typingctx, addr, n, dtype):
-        """``leaf_ptr(address, n, np.float32) -> float32*`` in a kernel (``n`` is for the simulator)."""
-        if isinstance(dtype, _ctypes_nb.NumberClass):
-            elem = dtype.instance_type
-        elif isinstance(dtype, _ctypes_nb.DType):
-            elem = dtype.dtype
-        else:
-            return None
-        if not isinstance(addr, _ctypes_nb.Integer):
-            return None
-        sig = _ctypes_nb.CPointer(elem)(addr, n, dtype)
-
-        def gen(context, builder, signature, args):
-            return builder.inttoptr(args[0], context.get_value_type(_ctypes_nb.CPointer(elem)))
-
-        return sig, gen
-
-
-@cuda.jit(cache=True)
-def fill(a, v):
-    """``a[:] = v`` on the device (state initialisation without a host buffer)."""
-    i = cuda.grid(1)
-    s = cuda.gridsize(1)
-    while i < a.shape[0]:
-        a[i] = v
-        i += s
-
-
-_DEV = "@cuda.jit(device=True)" if SIM else "@cuda.jit(device=True, forceinline=True)"
 _KERN = "@cuda.jit(cache=True)"
 
 
-def _device_functions(prelude: str) -> list:
+def _device_functions(text: str, dev: str) -> list:
     """The functions of a CPU prelude, re-decorated as device functions (the same bodies)."""
     out = []
-    for node in ast.parse(prelude).body:
+    for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
             node.decorator_list = []
-            out += ["", _DEV, ast.unparse(node)]
+            out += ["", dev, ast.unparse(node)]
     return out
 
 
@@ -123,13 +68,13 @@ class Plan:
         for r in layout.reducers:
             rule = layout.rules[r]
             self.abase[r], self.fbase[r] = a, f
-            self.nops[r] = len(_reduce_ops(rule))
+            self.nops[r] = len(reduce_ops(rule))
             self.nfin[r] = len(type(rule).finals)
             self.tree[r] = type(rule).scope == "tree"
             a += self.nops[r]
             f += self.nfin[r]
         self.acc_cols, self.fin_cols = max(a, 1), max(f, 1)
-        self.ops = {r: _reduce_ops(layout.rules[r]) for r in layout.reducers}
+        self.ops = {r: reduce_ops(layout.rules[r]) for r in layout.reducers}
         self.status = any(("error" in type(layout.rules[r]).finals or "skip" in type(layout.rules[r]).finals)
                           for r in layout.reducers)
 
@@ -149,7 +94,7 @@ def _finals_lines(layout, plan, upto, indent, row):
 def _block_reduce(plan, r, indent, row):
     """Combine the threads' ``acc{r}_{j}`` in shared memory; one atomic per block."""
     L = []
-    for j, op in enumerate(plan.ops[r]):
+    for j in range(len(plan.ops[r])):
         L += [f"{indent}sh{j} = cuda.shared.array(TPB, np.float64)",
               f"{indent}sh{j}[tid] = acc{r}_{j}"]
     L += [f"{indent}cuda.syncthreads()", f"{indent}s = TPB // 2", f"{indent}while s > 0:",
@@ -183,7 +128,7 @@ def _single_kernels(layout, plan):
         L += [_KERN, f"def {name}({', '.join(params)}):"]
         if red:
             L += ["    if st[0] != NO_STATUS:", "        return"]
-        L += ["    n = x.shape[0]"] + _load_lines(layout, "    ", "t")
+        L += ["    n = x.shape[0]"] + load_lines(layout, "    ", "t")
         L += _finals_lines(layout, plan, None, "    ", "0")
         L += ["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:"]
         L += _elem_body(layout, "        ", "xo" if outp else "x", (lambda k: O[k]) if outp else (lambda k: S[k]))
@@ -193,14 +138,14 @@ def _single_kernels(layout, plan):
         L += [_KERN, f"def reduce_k{r}({', '.join(params)}):", "    n = x.shape[0]", "    tid = cuda.threadIdx.x"]
         if r == layout.reducers[0]:
             L += ["    if cuda.grid(1) == 0:", "        st[0] = NO_STATUS"]
-        L += _load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "0")
+        L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "0")
 
         def loop(body):
             return (["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:",
                      "        gi = g[i]", "        xi = x[i]"] + ["        " + b for b in body]
                     + ["        i += stride"])
 
-        L += _reduction_lines(layout, r, loop, "    ")[:-1]  # the finish call runs in finish_r
+        L += reduction_lines(layout, r, loop, "    ")[:-1]  # the finish call runs in finish_r
         L += _block_reduce(plan, r, "    ", "0") + [""]
     return L
 
@@ -220,7 +165,7 @@ def _multi_kernels(layout, plan):
     L = [_KERN, f"def multi({', '.join(head + A + ['hp', 't'] + red)}):"]
     if red:
         L += ["    if st[0] != NO_STATUS:", "        return"]
-    L += leaf_lines() + _load_lines(layout, "    ", "t") + _finals_lines(layout, plan, None, "    ", "j")
+    L += leaf_lines() + load_lines(layout, "    ", "t") + _finals_lines(layout, plan, None, "    ", "j")
     L += ["    i = start + tid", "    while i < end:"]
     L += _elem_body(layout, "        ", "x", lambda k: f"S{k}")
     L += ["        i += TPB", ""]
@@ -229,13 +174,13 @@ def _multi_kernels(layout, plan):
         L += leaf_lines()
         if r == layout.reducers[0]:
             L += ["    if b == 0 and tid == 0:", "        st[0] = NO_STATUS"]
-        L += _load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "j")
+        L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "j")
 
         def loop(body):
             return (["    i = start + tid", "    while i < end:", "        gi = g[i]", "        xi = x[i]"]
                     + ["        " + b for b in body] + ["        i += TPB"])
 
-        L += _reduction_lines(layout, r, loop, "    ")[:-1]
+        L += reduction_lines(layout, r, loop, "    ")[:-1]
         L += _block_reduce(plan, r, "    ", "0" if plan.tree[r] else "j") + [""]
     return L
 
@@ -249,7 +194,7 @@ def _finish_kernels(layout, plan):
             c = plan.abase[r] + j
             L += [f"        acc{r}_{j} = acc[row, {c}]",
                   f"        acc[row, {c}] = {'0.0' if op == 'sum' else '-INF'}"]
-        L += _reduction_lines(layout, r, lambda body: [], "        ", init=False)
+        L += reduction_lines(layout, r, lambda body: [], "        ", init=False)
         for m, n in enumerate(cls.finals):
             L.append(f"        fin[row, {plan.fbase[r] + m}] = g{r}_{n}")
         key = f"({r} << 40) + (row << 1)"
@@ -261,59 +206,24 @@ def _finish_kernels(layout, plan):
     return L
 
 
-def _reduce_wrapper(f, r_i):
-    """``reduce_t_r``: the rule's ``reduce`` returning a tuple (explicit arguments: no ``*args`` on CUDA)."""
-    from ..rule import step_args
-    args = ", ".join(step_args(f))
-    single = codegen._reduce_returns_scalar(f)
-    return ["", _DEV, f"def reduce_t_{r_i}({args}):",
-            f"    return (reduce_{r_i}({args}),)" if single else f"    return reduce_{r_i}({args})"]
-
-
-def generate_source(rules, dtype) -> str:
-    """The full source of the CUDA module for ``rules`` (primitive rules) and ``dtype``."""
+def generate_source(rule, dtype, sim: bool, tpb: int, chunk: int) -> str:
+    """The full source of the CUDA module for ``rule`` (a chain without stages) and ``dtype``; ``sim``
+    generates for Numba's simulator, ``tpb``/``chunk`` are the launch constants."""
     dtype = np.dtype(dtype)
-    rdt = real_dtype(dtype)
-    layout = ChainLayout(rules)
+    layout = ChainLayout(rule)
+    if layout.accum is not None or layout.master is not None:
+        raise NotImplementedError("the CUDA backend does not run AccumGrad or MixedPrecision yet")
     plan = Plan(layout)
-    out = [f"# generated by numbaopt cuda codegen v{CUDA_GENERATOR_VERSION} (cpu v{codegen.GENERATOR_VERSION}); "
-           "do not edit",
-           f"# chain: {' -> '.join(type(r).__name__ for r in rules)}; dtype {dtype.name}; "
-           f"{'simulator' if SIM else 'device'}",
+    dev = "@cuda.jit(device=True)" if sim else "@cuda.jit(device=True, forceinline=True)"
+    out = [f"# generated by numbaopt.compiler.cuda v{CUDA_GENERATOR_VERSION} (cpu v{GENERATOR_VERSION}); do not edit",
+           f"# chain: {' -> '.join(type(r).__name__ for r in layout.rules) or '(identity)'}; dtype {dtype.name}; "
+           f"{'simulator' if sim else 'device'}",
            "import math", "import numpy as np", "from numba import cuda",
-           "from numbaopt.backends.cuda_codegen import leaf_ptr", "",
-           "INF = math.inf", f"NO_STATUS = {NO_STATUS}", f"TPB = {TPB}", f"CHUNK = {CHUNK}",
-           f"_R = np.{rdt.name}", f"_C = np.{dtype.name}", "_Z = _C(0)"]
-    out += _device_functions(codegen.PRELUDE_COMMON)
-    out += _device_functions(codegen.PRELUDE_COMPLEX if dtype.kind == "c" else codegen.PRELUDE_REAL)
-    for r_i, r in enumerate(rules):
-        cls = type(r)
-        for fname, literals in (("step", True), ("reduce", True), ("prepare", True), ("finish", False)):
-            f = getattr(cls, fname, None)
-            if f is None or (fname == "prepare" and not cls.scalars):
-                continue
-            out += ["", _DEV, codegen._renamed_source(f, f"{fname}_{r_i}", literals)]
-            if fname == "reduce":
-                out += _reduce_wrapper(f, r_i)
+           "from numbaopt.backends.cuda.runtime import leaf_ptr", "",
+           "INF = math.inf", f"NO_STATUS = {NO_STATUS}", f"TPB = {tpb}", f"CHUNK = {chunk}",
+           f"_R = np.{real_dtype(dtype).name}", f"_C = np.{dtype.name}", "_Z = _C(0)"]
+    out += _device_functions(prelude.COMMON, dev)
+    out += _device_functions(prelude.COMPLEX if dtype.kind == "c" else prelude.REAL, dev)
+    out += rule_functions(layout, dev)
     body = _single_kernels(layout, plan) + _multi_kernels(layout, plan) + _finish_kernels(layout, plan)
     return "\n".join(out) + "\n\n\n" + "\n".join(body) + "\n"
-
-
-_lock = threading.RLock()
-_modules: dict = {}
-
-
-def kernels(rules, dtype):
-    """The generated CUDA module for ``rules`` and ``dtype`` (imported once per process)."""
-    dtype = np.dtype(dtype)
-    key = (tuple(codegen.rule_key(r) for r in rules), dtype.str)
-    mod = _modules.get(key)
-    if mod is not None:
-        return mod
-    with _lock:
-        mod = _modules.get(key)
-        if mod is None:
-            mod = codegen.import_generated(generate_source(rules, dtype), prefix="cuda_")
-            mod.plan = Plan(ChainLayout(rules))
-            _modules[key] = mod
-    return mod

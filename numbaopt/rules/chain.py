@@ -1,9 +1,28 @@
 """``chain(rule1, rule2, ...)``: each rule's step is the next rule's gradient, fused into one kernel."""
 from __future__ import annotations
 
-from .rule import Rule
+from .base import Rule
 
-__all__ = ["Chain", "chain"]
+__all__ = ["Chain", "chain", "check_members"]
+
+
+def check_members(rules) -> tuple:
+    """Check where the stages of a chain stand; returns ``rules`` as a tuple.
+
+    ``MixedPrecision`` changes the array every later member computes on, so it must come first;
+    ``AccumGrad`` splits the chain into what runs on every gradient and what runs on their mean, so
+    there is at most one of each.
+    """
+    rules = tuple(rules)
+    for k, r in enumerate(rules):
+        if type(r).stage == "master" and k != 0:
+            raise ValueError(f"chain: {r!r} must be the first member (it makes the master copy every later "
+                             f"member computes on); it is member {k} of {len(rules)}")
+    n_acc = sum(1 for r in rules if type(r).stage == "accumulate")
+    if n_acc > 1:
+        raise ValueError(f"chain: {n_acc} AccumGrad members; use one (AccumGrad(a) then AccumGrad(b) is "
+                         "AccumGrad(a * b))")
+    return rules
 
 
 class Chain:
@@ -11,6 +30,9 @@ class Chain:
 
     ``chain(WeightDecay(5e-4), ClipGrad(1.0), Adam(1e-3))`` computes ``d1 = g + wd*x``,
     ``d2 = clamp(d1)``, ``d = adam(d2)`` per element and writes ``x - d``. Nested chains are flattened.
+    The stages of :mod:`numbaopt.rules.stages` are members too: ``chain(AccumGrad(4), ClipGlobalNorm(1.0),
+    Adam())`` (Optimisers.jl's ``OptimiserChain(AccumGrad(4), ClipNorm(1), Adam())``, optax's
+    ``MultiSteps(chain(clip_by_global_norm(1.0), adam()), 4)``). ``chain()`` is the identity: ``d = g``.
     """
 
     __slots__ = ("rules",)
@@ -26,9 +48,7 @@ class Chain:
                 raise TypeError(f"chain: got the class {r.__name__}; pass an instance, e.g. {r.__name__}()")
             else:
                 raise TypeError(f"chain: expected rules, got {r!r}")
-        if not flat:
-            raise ValueError("chain: needs at least one rule")
-        object.__setattr__(self, "rules", tuple(flat))
+        object.__setattr__(self, "rules", check_members(flat))
 
     def __setattr__(self, name, value):
         raise AttributeError("Chain is immutable; use numbaopt.adjust on its state")
@@ -61,6 +81,6 @@ class Chain:
 
 
 def chain(*rules) -> Rule | Chain:
-    """Compose rules; a chain of one rule is that rule."""
+    """Compose rules; a chain of one rule is that rule, and ``chain()`` the identity (``d = g``)."""
     c = Chain(*rules)
     return c.rules[0] if len(c.rules) == 1 else c

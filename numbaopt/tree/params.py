@@ -25,24 +25,30 @@ from __future__ import annotations
 import functools
 import numbers
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ParamInfo", "param_info"]
+from ..backends.cpu import new_readonly
+from ..backends.cuda.arrays import facts as device_facts
+from ..backends.cuda.arrays import is_device_array
+
+__all__ = ["ParamInfo", "param_info", "same", "new_array", "new_readonly_array", "ND_WRITEABLE", "ND_READONLY"]
 
 
-def _same(x):
+def same(x):
+    """``to_array`` of a leaf that is an array already."""
     return x
 
 
-def _new_readonly(a, old):
-    a.flags.writeable = False
+def new_array(a, old):
+    """``from_array`` of a leaf replaced by a plain new array."""
     return a
 
 
-def _new_array(a, old):
-    return a
+def new_readonly_array(a, old):
+    """``from_array`` of a read-only array: the new value is read-only too."""
+    return new_readonly(a)
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ class ParamInfo:
     dtype: np.dtype
     shape: tuple
     writeable: bool
-    to_array: Callable = _same
-    from_array: Callable = _new_array
+    to_array: Callable = same
+    from_array: Callable = new_array
     kind: str = "array"
     backend: str = "cpu"
     tieable: bool = field(default=True)
@@ -72,9 +78,9 @@ def param_info(x):
 
     Extend it for your own array types with ``param_info.register(Type)``.
     """
-    if hasattr(x, "__cuda_array_interface__") or _is_device_array(x):
-        from .backends.cuda import param_info_device  # stepped by the CUDA backend (numbaopt[cuda])
-        return param_info_device(x)
+    if is_device_array(x):  # stepped by the CUDA backend (numbaopt[cuda])
+        shape, dtype = device_facts(x)
+        return ParamInfo(dtype=dtype, shape=shape, writeable=True, kind=type(x).__name__, backend="cuda")
     if _is_torch_tensor(x):
         _register_torch(type(x))
         return param_info(x)
@@ -86,16 +92,8 @@ def param_info(x):
         if a.dtype.kind not in "fc":
             return None
         return ParamInfo(dtype=a.dtype, shape=a.shape, writeable=False, to_array=np.asarray,
-                         from_array=_new_array, kind=type(x).__name__, tieable=True)
+                         from_array=new_array, kind=type(x).__name__, tieable=True)
     return None
-
-
-def _is_device_array(x) -> bool:
-    t = type(x)
-    # numba's DeviceNDArray (real GPU) and the simulator's FakeCUDAArray (which has no
-    # __cuda_array_interface__), recognised by name so numba.cuda is never imported here
-    return (t.__module__ or "").startswith("numba.cuda") and t.__name__ in (
-        "DeviceNDArray", "FakeCUDAArray", "MappedNDArray", "ManagedNDArray")
 
 
 def _is_torch_tensor(x) -> bool:
@@ -117,7 +115,7 @@ def _(x):
         return None
     if x.flags.writeable:
         return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=True, kind="array")
-    return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=False, from_array=_new_readonly,
+    return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=False, from_array=new_readonly_array,
                      kind="read-only array")
 
 
@@ -181,3 +179,9 @@ def _register_torch(cls):
                          kind="torch.Tensor")
 
     param_info.register(cls)(_torch)
+
+
+#: what ``param_info`` says of a (writeable / read-only) ndarray, less dtype and shape (checked by the caller):
+#: the step pipeline classifies the common leaf without the trait's dispatch
+ND_WRITEABLE = ParamInfo(dtype=None, shape=(), writeable=True, kind="array")
+ND_READONLY = ParamInfo(dtype=None, shape=(), writeable=False, from_array=new_readonly_array, kind="read-only array")

@@ -1,0 +1,179 @@
+"""The state of one device array: :class:`DeviceLeaf`, stepped by the generated CUDA kernels."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..state import Leaf, as_rule, check_param_dtype, raise_status
+from .arrays import (Scratch, blocks, decode, device_copies, device_state, empty_like, flat, host_side_error, info,
+                     is_device_array, kind, run_reductions, runtime, torch_ptr)
+
+__all__ = ["DeviceLeaf", "setup_leaf", "check_device_rule"]
+
+
+def check_device_rule(rule, where="x"):
+    """The CUDA backend runs plain chains: stages (AccumGrad, MixedPrecision) stay on the host for now."""
+    for r in rule.rules:
+        if type(r).stage is not None:
+            raise NotImplementedError(f"{where}: {r!r} does not run on the GPU yet (the CUDA backend runs chains "
+                                      "of elementwise and reduction rules)")
+
+
+class DeviceLeaf(Leaf):
+    """Optimiser state of one device array: like :class:`numbaopt.Leaf`, with the state arrays on the GPU.
+
+    ``arrays``/``state`` are Numba device arrays; ``hp`` and the counters stay on the host (``hp`` is
+    uploaded when it changes). :meth:`to_host`/:meth:`from_host` move the state across the bus (pickling
+    does it for you).
+    """
+
+    display_name = "DeviceLeaf"
+    __slots__ = ("scratch", "xcache")
+
+    def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None):
+        from ...compiler import ChainLayout
+        layout = ChainLayout(rule)
+        size = int(np.prod(shape, dtype=np.int64))
+        if arrays is None:
+            arrays = device_state(layout, dtype, size)
+        Leaf.__init__(self, rule, shape, dtype, arrays=arrays, t=t, hp=hp, skipped=skipped, counters=counters,
+                      layout=layout)
+        self.scratch = Scratch(self.kernels().plan, 1, self.hp)
+        self.xcache = None
+
+    def kernels(self):
+        """The generated CUDA module of this state's chain and dtype."""
+        k = self.kern
+        if k is None:
+            k = self.kern = runtime().kernels(self.rule, self.dtype)
+        return k
+
+    @property
+    def state(self) -> dict:
+        """State arrays by name, as Numba device arrays shaped like the parameter (views)."""
+        return {n: a.reshape(self.shape) for n, a in zip(self.layout.state_names(), self.arrays)}
+
+    def copy(self) -> DeviceLeaf:
+        """An independent copy (device-to-device copies of the state)."""
+        return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=device_copies(self.arrays),
+                          hp=self.hp.copy(), counters=self.counters.copy())
+
+    def with_rule(self, rule) -> DeviceLeaf:
+        new = self.copy()
+        new.set_rule_(rule)
+        return new
+
+    def to_host(self) -> Leaf:
+        """A host :class:`numbaopt.Leaf` with the same state (copied to host memory)."""
+        return Leaf(self.rule, self.shape, self.dtype, arrays=[a.copy_to_host() for a in self.arrays],
+                    hp=self.hp.copy(), counters=self.counters.copy())
+
+    @classmethod
+    def from_host(cls, leaf: Leaf) -> DeviceLeaf:
+        """The device state of a host :class:`numbaopt.Leaf` (copied to the current device)."""
+        from numba import cuda
+        runtime()
+        return cls(leaf.rule, leaf.shape, leaf.dtype,
+                   arrays=[cuda.to_device(np.ascontiguousarray(a)) for a in leaf.arrays],
+                   hp=leaf.hp.copy(), counters=leaf.counters.copy())
+
+    def __reduce__(self):
+        return (_leaf_from_host, (self.to_host(),))
+
+    def _check(self, x, g):
+        if not is_device_array(x):
+            if isinstance(x, np.ndarray):
+                raise TypeError("x: a host numpy array, but this state lives on the GPU; pass the device "
+                                "array it was set up for")
+            raise TypeError(f"x: expected a device array, got {type(x).__name__}")
+        cache = self.xcache
+        if cache is not None and cache[0] is x and (cache[2] is None or torch_ptr(x) == cache[2]):
+            x1 = cache[1]
+        else:
+            xs, shape, dtype, addr = info(x, "x")
+            if dtype != self.dtype:
+                raise TypeError(f"x: dtype {dtype}, but the state was set up for {self.dtype}")
+            if tuple(shape) != self.shape:
+                raise ValueError(f"x: shape {tuple(shape)}, but the state was set up for shape {self.shape}")
+            x1 = flat(xs, self.size)
+            # a torch tensor can swap its storage under the same object (p.data = ...): recheck its address
+            self.xcache = (x, x1, addr if kind(x) == "torch" else None)
+        if not is_device_array(g):
+            if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
+                raise host_side_error("g", g, type(x).__name__)
+            raise TypeError(f"g: expected a device array for the GPU parameter, got {type(g).__name__}")
+        gs, gshape, gdtype, _ = info(g, "g", write=False)
+        if tuple(gshape) != self.shape:
+            raise ValueError(f"g: shape {tuple(gshape)}, expected {self.shape}")
+        if gdtype != self.dtype:
+            raise TypeError(f"g: dtype {gdtype}, expected {self.dtype} (on the GPU gradients are not cast: "
+                            "that would need a hidden copy)")
+        return x1, flat(gs, self.size)
+
+    def _run(self, x1, g1, hp, outputs=None):
+        rt = runtime()
+        mod = self.kernels()
+        sc = self.scratch
+        sc.sync_hp(hp)
+        nb = blocks(self.size)
+        args = [x1, g1, *self.arrays, sc.hp_dev, self.t + 1]
+        if self.layout.reducers:
+            run_reductions(mod, self.layout, sc, args, None, lambda k: k[nb, rt.TPB])
+            args += [sc.fin, sc.st]
+        if outputs is None:
+            mod.inplace[nb, rt.TPB](*args)
+        else:
+            mod.outplace[nb, rt.TPB](*args, *outputs)
+        if mod.plan.status:
+            return decode(int(sc.st.copy_to_host()[0]))[0]
+        return 0
+
+    def step(self, model, grad, inplace: bool):
+        """One step on the device array ``model`` (``numbaopt.update``/``update_`` call this); a ``None``
+        gradient skips it. A refusal raises before the kernels write anything."""
+        if grad is None:
+            if not is_device_array(model):
+                self._check(model, model)
+            return (self, model) if inplace else (self.copy(), model)
+        x1, g1 = self._check(model, grad)
+        hp = self.step_hp()  # schedules checked before anything runs
+        if inplace:
+            status = self._run(x1, g1, hp)
+            raise_status(self.rule, status)
+            self.hp[:] = hp
+            self.counters[3 if status == 1 else 0] += 1
+            if status == 0:
+                self.counters[1] += 1
+            return self, model
+        from numba import cuda
+        # the new state reads this state's arrays (shared, never written) and owns the kernel's outputs
+        new = self.derive(self.arrays, self.counters.copy())
+        new.scratch = Scratch(self.kernels().plan, 1, new.hp)
+        xo_obj = empty_like(kind(model), model, self.shape, self.dtype)
+        xo = flat(info(xo_obj, "x")[0], self.size)
+        outs = [cuda.device_array(a.shape, dtype=a.dtype) for a in self.arrays]
+        status = new._run(x1, g1, hp, outputs=[xo] + outs)
+        raise_status(self.rule, status)
+        if status == 1:  # skipped: the new state is a copy of this one
+            for o, a in zip(outs, self.arrays):
+                o.copy_to_device(a)
+            xo.copy_to_device(x1)
+        new.arrays = tuple(outs)
+        new.hp[:] = hp
+        new.counters[3 if status == 1 else 0] += 1
+        if status == 0:
+            new.counters[1] += 1
+        return new, xo_obj
+
+
+def _leaf_from_host(leaf):
+    return DeviceLeaf.from_host(leaf)
+
+
+def setup_leaf(rule, x) -> DeviceLeaf:
+    """Optimiser state for one device array (``numbaopt.setup`` calls this for device arrays)."""
+    rule = as_rule(rule)
+    check_device_rule(rule)
+    runtime()
+    _, shape, dtype, _ = info(x, "x")
+    check_param_dtype(dtype)
+    return DeviceLeaf(rule, shape, dtype)

@@ -1,0 +1,355 @@
+"""The CPU emitter: the source of one generated module per (chain, compute dtype).
+
+The module holds the prelude, each member's functions (:func:`.elements.rule_functions`) and these
+kernels (``S`` = the chain's state arrays, ``hp`` = hyperparameters, ``C`` = step counters, see
+:mod:`.layout`):
+
+one array (1-D contiguous), returning a status (:data:`.layout.STEPPED` ...), counters advanced in ``C``:
+
+* ``inplace(x, g, *S, hp, C)``, ``inplace_par`` (``prange``; bitwise the same);
+* ``outplace(x, g, *S, hp, C, xo, *O)``, ``outplace_par``: reads the inputs, writes ``xo`` and ``O``
+  (every element, also when the step is skipped or only accumulates);
+* ``step(x, g, S, hp, t)`` and ``step_inline`` (inlined into compiled callers) for user ``@njit`` code and the
+  compiled loops, for chains without an AccumGrad (``t`` is the step number; nothing is counted).
+
+many leaves (trees; leaves by data address, state in flat arenas ``A`` at ``offsets``, counters ``C`` of
+shape (4, leaves), ``act[j]`` = 1 to step leaf j, 0 to leave it (a pure step copies its state), 2 to leave
+it entirely (another call handles it); ``F``/``P`` = per-leaf finals and partial accumulators, float64):
+
+* ``partial_{r}``, ``combine_{r}``, ``finish_row_{r}``, ``put_finals_{r}``, ``finish_leaves_{r}``: the
+  phases of reduction rule r, so that a tree-scope reduction can span several groups (the pipeline
+  combines the partials of every group, in leaf order, before ``finish``);
+* ``reductions(...) -> status``: every reduction of the chain over one group, no writes;
+* ``apply(...)`` / ``apply_out(xaddr, gaddr, xoaddr, sizes, offsets, *A, *B, hp, C, act, F)``: the element
+  pass with the finals in ``F``, writing in place / into the new arenas ``B`` and new parameters;
+* ``multi`` / ``multi_out``: ``reductions`` then ``apply`` in ONE call (a step that nothing else can
+  refuse).
+
+Reduction passes accumulate in float64, in :data:`LANES` partial sums combined in a fixed order; they are
+serial in every kernel, so threaded and serial kernels give the same bits. Every reduction of a call runs
+before its first write: a refusal (status ``ERROR_BASE + r``) leaves everything as it was.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .elements import element_lines, finals_lines, finish_call, load_lines, rule_functions, call_args
+from .layout import ERROR_BASE, ChainLayout, real_dtype, reduce_ops
+from . import prelude
+
+__all__ = ["generate_source", "LANES", "GENERATOR_VERSION"]
+
+#: bump when the generated text changes meaning (it is part of the cache directory's name)
+GENERATOR_VERSION = "2"
+
+#: independent partial accumulators per reduction: the element loop is unrolled this many times so that
+#: the float64 sums are not one serial dependency chain (~2x faster on 1M float32 elements)
+LANES = 4
+
+
+# --------------------------------------------------------------------------------------------------
+# pieces
+
+
+def _identity(op) -> str:
+    return "0.0" if op == "sum" else "-INF"
+
+
+def _lane_reduction(layout, r, indent) -> list:
+    """A dry pass over ``g[i], x[i]`` (``i < n``): the chain up to member r (an AccumGrad before it gives
+    the cycle's mean), rule r's contributions summed (or maxed) in float64 into ``acc{r}_{c}``."""
+    ops = reduce_ops(layout.rules[r])
+    L = [f"{indent}acc{r}_{c}_{u} = {_identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
+    rargs = call_args(layout, r, "reduce", ["d", "xi"])
+
+    def body(u, ind):
+        out = [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
+        out += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, ind)
+        out.append(f"{ind}{', '.join(f'c{c}' for c in range(len(ops)))}, = reduce_t_{r}({rargs})")
+        for c, op in enumerate(ops):
+            a = f"acc{r}_{c}_{u}"
+            out.append(f"{ind}{a} += np.float64(c{c})" if op == "sum" else f"{ind}{a} = max({a}, np.float64(c{c}))")
+        return out
+
+    bi = indent + "    "
+    L.append(f"{indent}m{r} = n - n % {LANES}")
+    L.append(f"{indent}for i0 in range(0, m{r}, {LANES}):")
+    for u in range(LANES):
+        L.append(f"{bi}i = i0 + {u}")
+        L += body(u, bi)
+    L.append(f"{indent}for i in range(m{r}, n):")
+    L += body(0, bi)
+    for c, op in enumerate(ops):
+        a = [f"acc{r}_{c}_{u}" for u in range(LANES)]
+        while len(a) > 1:  # pairwise, in a fixed order
+            a = [(f"({a[k]} + {a[k + 1]})" if op == "sum" else f"max({a[k]}, {a[k + 1]})") for k in range(0, len(a), 2)]
+        L.append(f"{indent}acc{r}_{c} = {a[0]}")
+    return L
+
+
+def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str) -> list:
+    """The element loop of one kind: ``full`` (the whole chain, parameter written), ``accumulate`` (the
+    members before the AccumGrad, then the sum), ``reset`` (those members, then the sum cleared: a cycle
+    whose step was skipped) or ``copy`` (a pure step that changes nothing)."""
+    ind = indent + "    "
+    L = [f"{indent}for i in {rng}(n):"]
+    if kind == "copy":
+        return L + [f"{ind}xo[i] = x[i]"] + [f"{ind}O{k}[i] = S{k}[i]" for k in range(layout.n_state)]
+    L += [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
+    upto = len(layout.rules) if kind == "full" else layout.accum
+    L += element_lines(layout, upto, "gi", "xi", lambda k: f"S{k}[i]", True, ind)
+    W = "O" if outplace else "S"
+    if kind == "full":
+        L.append(f"{ind}{'xo' if outplace else 'x'}[i] = xi - d")
+        return L + [f"{ind}{W}{k}[i] = n_{k}" for k in range(layout.n_state)]
+    for k in range(layout.n_state):
+        part = layout.state_part(k)
+        if part == "prefix":
+            L.append(f"{ind}{W}{k}[i] = n_{k}")
+        elif part == "acc":
+            L.append(f"{ind}{W}{k}[i] = {f'S{k}[i] + d' if kind == 'accumulate' else '_Z'}")
+        elif outplace:
+            L.append(f"{ind}O{k}[i] = S{k}[i]")
+    if outplace:
+        L.append(f"{ind}xo[i] = xi")
+    return L
+
+
+def _split(layout):
+    a = layout.accum
+    pre = [r for r in layout.reducers if a is None or r < a]
+    suf = [r for r in layout.reducers if a is not None and r > a]
+    return pre, suf
+
+
+def _has(layout, r, final) -> bool:
+    return final in type(layout.rules[r]).finals
+
+
+# --------------------------------------------------------------------------------------------------
+# one array
+
+
+def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters: bool = True,
+            inline: bool = False) -> list:
+    S = [f"S{k}" for k in range(layout.n_state)]
+    O = [f"O{k}" for k in range(layout.n_state)]
+    params = ["x", "g"] + S + ["hp", "C" if counters else "t"] + (["xo"] + O if outplace else [])
+    if inline:
+        deco = '@njit(inline="always", **_NJ)'
+    else:
+        deco = "@njit(cache=True, parallel=True, **_NJ)" if par else "@njit(cache=True, **_NJ)"
+    rng = "prange" if par else "range"
+    L = [deco, f"def {name}({', '.join(params)}):", "    n = x.shape[0]"]
+    L += ["    t = C[0] + 1", "    tp = C[1] + 1"] if counters else ["    tp = t"]
+    L += load_lines(layout, "    ", "t", "tp")
+    pre, suf = _split(layout)
+
+    def reduce(r, ind, on_skip):
+        out = _lane_reduction(layout, r, ind)
+        fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals]
+        accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
+        out.append(f"{ind}{', '.join(fins)}, = {finish_call(layout, r, accs)}")
+        if _has(layout, r, "error"):
+            out += [f"{ind}if g{r}_error != 0.0:", f"{ind}    return {ERROR_BASE + r}"]
+        if _has(layout, r, "skip"):
+            out += [f"{ind}if g{r}_skip != 0.0:"] + on_skip(ind + "    ")
+        out += finals_lines(layout, [r], ind, lambda q, m: f"g{q}_{type(layout.rules[q]).finals[m]}")
+        return out
+
+    def skip_all(ind):
+        out = _loop(layout, "copy", rng, True, ind) if outplace else []
+        return out + ([f"{ind}C[3] += 1"] if counters else []) + [f"{ind}return 1"]
+
+    for r in pre:
+        L += reduce(r, "    ", skip_all)
+    if layout.accum is not None:
+        a = layout.accum
+        L += [f"    if C[2] + 1 < h{a}_n:"] + _loop(layout, "accumulate", rng, outplace, "        ")
+        L += ["        C[1] += 1", "        C[2] += 1", "        return -1", "    sskip = False"]
+        guard = False  # once a member may skip, the later reductions run only when it did not
+        for r in suf:
+            if guard:
+                L += ["    if not sskip:"] + reduce(r, "        ", lambda ind: [f"{ind}sskip = True"])
+            else:
+                L += reduce(r, "    ", lambda ind: [f"{ind}sskip = True"])
+            guard = guard or _has(layout, r, "skip")
+        if any(_has(layout, r, "skip") for r in suf):
+            L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ")
+            L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
+    L += _loop(layout, "full", rng, outplace, "    ")
+    if counters:
+        L += ["    C[0] += 1", "    C[1] += 1", "    C[2] = 0"]
+    return L + ["    return 0"]
+
+
+# --------------------------------------------------------------------------------------------------
+# many leaves
+
+
+def _head(layout, ind, out=False, views=True) -> list:
+    L = [f"{ind}n = sizes[j]", f"{ind}o = offsets[j]"]
+    if not views:
+        return L
+    L += [f"{ind}x = carray(as_pointer(xaddr[j], _C), (n,))", f"{ind}g = carray(as_pointer(gaddr[j], _C), (n,))"]
+    if out:
+        L.append(f"{ind}xo = carray(as_pointer(xoaddr[j], _C), (n,))")
+    L += [f"{ind}S{k} = A{k}[o:o + n]" for k in range(layout.n_state)]
+    if out:
+        L += [f"{ind}O{k} = B{k}[o:o + n]" for k in range(layout.n_state)]
+    return L + [f"{ind}t = C[0, j] + 1", f"{ind}tp = C[1, j] + 1"]
+
+
+def _fin_src(layout):
+    return lambda r, m: f"F[j, {layout.fin_cols[r] + m}]"
+
+
+def _skipped_before(layout, r, ind) -> list:
+    """Leave out a leaf that an earlier reduction of its part of the chain skipped."""
+    pre, suf = _split(layout)
+    earlier = [q for q in (pre if r in pre else pre + suf) if q < r and _has(layout, q, "skip")]
+    out = []
+    for q in earlier:
+        col = layout.fin_cols[q] + type(layout.rules[q]).finals.index("skip")
+        out += [f"{ind}if F[j, {col}] != 0.0:", f"{ind}    continue"]
+    return out
+
+
+def _reduce_phase(layout, r) -> list:
+    A = [f"A{k}" for k in range(layout.n_state)]
+    ops = reduce_ops(layout.rules[r])
+    c0, flag = layout.acc_cols[r], layout.acc_cols[r] + len(ops)
+    args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
+    L = ["@njit(cache=True, **_NJ)", f"def partial_{r}({args}):",
+         "    for j in range(sizes.shape[0]):"]
+    L += [f"        P[j, {c0 + c}] = {_identity(op)}" for c, op in enumerate(ops)] + [f"        P[j, {flag}] = 0.0"]
+    L += ["        if act[j] != 1:", "            continue"] + _skipped_before(layout, r, "        ")
+    L += _head(layout, "        ") + load_lines(layout, "        ", "t", "tp")
+    if layout.accum is not None and r > layout.accum:  # only the leaves completing their cycle
+        L += [f"        if C[2, j] + 1 < h{layout.accum}_n:", "            continue"]
+    L += finals_lines(layout, [q for q in layout.reducers if q < r], "        ", _fin_src(layout))
+    L += _lane_reduction(layout, r, "        ")
+    L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(len(ops))] + [f"        P[j, {flag}] = 1.0"]
+    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def combine_{r}(P, tot):",
+          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
+    for c, op in enumerate(ops):
+        L.append(f"            tot[{c}] = tot[{c}] + P[j, {c0 + c}]" if op == "sum"
+                 else f"            tot[{c}] = max(tot[{c}], P[j, {c0 + c}])")
+    fins = type(layout.rules[r]).finals
+    nf, f0 = len(fins), layout.fin_cols[r]
+    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def finish_row_{r}(tot, hp, row):",
+          f"    {', '.join(f'v{m}' for m in range(nf))}, = "
+          f"{finish_call(layout, r, [f'tot[{c}]' for c in range(len(ops))])}"]
+    L += [f"    row[{m}] = v{m}" for m in range(nf)]
+    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def put_finals_{r}(row, P, F):",
+          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
+    L += [f"            F[j, {f0 + m}] = row[{m}]" for m in range(nf)]
+    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def finish_leaves_{r}(P, hp, F):",
+          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:",
+          f"            {', '.join(f'v{m}' for m in range(nf))}, = "
+          f"{finish_call(layout, r, [f'P[j, {c0 + c}]' for c in range(len(ops))])}"]
+    L += [f"            F[j, {f0 + m}] = v{m}" for m in range(nf)]
+    return L + ["    return 0"]
+
+
+def _reductions(layout) -> list:
+    A = [f"A{k}" for k in range(layout.n_state)]
+    args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
+    L = ["@njit(cache=True, **_NJ)", f"def reductions({args}):"]
+    for r in layout.reducers:
+        ops = reduce_ops(layout.rules[r])
+        L.append(f"    partial_{r}({args})")
+        if type(layout.rules[r]).scope == "tree":
+            L += [f"    tot{r} = np.empty({len(ops)}, dtype=np.float64)"]
+            L += [f"    tot{r}[{c}] = {_identity(op)}" for c, op in enumerate(ops)]
+            nf = len(type(layout.rules[r]).finals)
+            L += [f"    combine_{r}(P, tot{r})", f"    row{r} = np.empty({nf}, dtype=np.float64)",
+                  f"    finish_row_{r}(tot{r}, hp, row{r})", f"    put_finals_{r}(row{r}, P, F)"]
+        else:
+            L.append(f"    finish_leaves_{r}(P, hp, F)")
+        if _has(layout, r, "error"):
+            col = layout.fin_cols[r] + type(layout.rules[r]).finals.index("error")
+            flag = layout.acc_cols[r] + len(ops)
+            L += ["    for j in range(sizes.shape[0]):", f"        if P[j, {flag}] != 0.0 and F[j, {col}] != 0.0:",
+                  f"            return {ERROR_BASE + r}"]
+    return L + ["    return 0"]
+
+
+def _apply(layout, outplace: bool) -> list:
+    A = [f"A{k}" for k in range(layout.n_state)]
+    B = [f"B{k}" for k in range(layout.n_state)]
+    head = ["xaddr", "gaddr"] + (["xoaddr"] if outplace else []) + ["sizes", "offsets"] + A + (B if outplace else [])
+    name = "apply_out" if outplace else "apply"
+    L = ["@njit(cache=True, **_NJ)", f"def {name}({', '.join(head + ['hp', 'C', 'act', 'F'])}):",
+         "    for j in range(sizes.shape[0]):"]
+    if outplace:
+        L += ["        if act[j] == 2:", "            continue", "        if act[j] == 0:"]
+        L += _head(layout, "            ", views=False)
+        L += [f"            B{k}[o:o + n] = A{k}[o:o + n]" for k in range(layout.n_state)] + ["            continue"]
+    else:
+        L += ["        if act[j] != 1:", "            continue"]
+    L += _head(layout, "        ", out=outplace) + load_lines(layout, "        ", "t", "tp")
+    L += finals_lines(layout, layout.reducers, "        ", _fin_src(layout))
+    pre, suf = _split(layout)
+    for r in pre:
+        if _has(layout, r, "skip"):
+            L += [f"        if f{r}_skip != 0.0:"]
+            L += _loop(layout, "copy", "range", True, "            ") if outplace else []
+            L += ["            C[3, j] += 1", "            continue"]
+    if layout.accum is not None:
+        a = layout.accum
+        L += [f"        if C[2, j] + 1 < h{a}_n:"] + _loop(layout, "accumulate", "range", outplace, "            ")
+        L += ["            C[1, j] += 1", "            C[2, j] += 1", "            continue"]
+        sk = [r for r in suf if _has(layout, r, "skip")]
+        if sk:
+            L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
+            L += _loop(layout, "reset", "range", outplace, "            ")
+            L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
+    L += _loop(layout, "full", "range", outplace, "        ")
+    L += ["        C[0, j] += 1", "        C[1, j] += 1", "        C[2, j] = 0"]
+    return L + ["    return 0"]
+
+
+def _fused(layout, outplace: bool) -> list:
+    A = [f"A{k}" for k in range(layout.n_state)]
+    B = [f"B{k}" for k in range(layout.n_state)]
+    red = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
+    if outplace:
+        app = ", ".join(["xaddr", "gaddr", "xoaddr", "sizes", "offsets"] + A + B + ["hp", "C", "act", "F"])
+        params = ["xaddr", "gaddr", "xoaddr", "sizes", "offsets"] + A + B + ["hp", "C", "act", "F", "P"]
+    else:
+        app = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F"])
+        params = ["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"]
+    L = ["@njit(cache=True, **_NJ)", f"def {'multi_out' if outplace else 'multi'}({', '.join(params)}):"]
+    if layout.reducers:
+        L += [f"    status = reductions({red})", "    if status != 0:", "        return status"]
+    return L + [f"    {'apply_out' if outplace else 'apply'}({app})", "    return 0"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the module
+
+
+def generate_source(rule, dtype) -> str:
+    """The full source of the generated module for ``rule`` (a rule or chain) and compute dtype ``dtype``."""
+    dtype = np.dtype(dtype)
+    layout = ChainLayout(rule)
+    out = [f"# generated by numbaopt.compiler.cpu v{GENERATOR_VERSION}; do not edit",
+           f"# chain: {' -> '.join(type(r).__name__ for r in layout.rules) or '(identity)'}; dtype {dtype.name}",
+           prelude.COMMON, f"_R = np.{real_dtype(dtype).name}", f"_C = np.{dtype.name}", "_Z = _C(0)",
+           prelude.COMPLEX if dtype.kind == "c" else prelude.REAL]
+    out += rule_functions(layout, '@njit(inline="always", **_NJ)')
+    body = []
+    for name, par, outp in (("inplace", False, False), ("outplace", False, True), ("inplace_par", True, False),
+                            ("outplace_par", True, True)):
+        body += _single(layout, name, par, outp) + ["", ""]
+    for r in layout.reducers:
+        body += _reduce_phase(layout, r) + ["", ""]
+    body += _reductions(layout) + ["", ""]
+    body += _apply(layout, False) + ["", ""] + _apply(layout, True) + ["", ""]
+    body += _fused(layout, False) + ["", ""] + _fused(layout, True) + ["", ""]
+    if layout.accum is None:
+        args = ", ".join(["x", "g"] + [f"S[{k}]" for k in range(layout.n_state)] + ["hp", "t"])
+        body += _single(layout, "step_inline", False, False, counters=False, inline=True)
+        body += ["", "", "@njit(cache=True, **_NJ)", "def step(x, g, S, hp, t):", f"    return step_inline({args})"]
+    return "\n".join(out) + "\n\n\n" + "\n".join(body) + "\n"

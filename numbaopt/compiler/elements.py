@@ -1,0 +1,185 @@
+"""Generated-code pieces shared by the CPU and CUDA emitters: the rules' functions and the fused element body.
+
+Names in the generated code: ``h{r}_{name}`` is hyperparameter ``name`` of member ``r`` (cast to ``_R``),
+``p{r}_{name}`` a per-step scalar of its ``prepare``, ``f{r}_{name}`` a final of its reduction, ``d`` the
+running step of the element (the next member's gradient), ``n_{k}`` the new value of state array ``k``.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..rules.base import function_source, step_args
+from .layout import ChainLayout, reduce_ops
+
+__all__ = ["renamed_source", "rule_functions", "element_lines", "load_lines", "finals_lines", "finish_call",
+           "reduction_lines", "opt_literal", "call_args"]
+
+
+class _Literals(ast.NodeTransformer):
+    """Rewrite numeric literals to ``_R(literal)``: Numba types bare literals as float64/int64."""
+
+    def visit_BinOp(self, node):
+        if isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant) \
+                and type(node.right.value) is int:
+            node.left = self.visit(node.left)
+            return node  # integer powers stay integer: x ** 2 is a multiplication, not a pow call
+        return self.generic_visit(node)
+
+    def visit_Constant(self, node):
+        if type(node.value) in (int, float):
+            return ast.Call(func=ast.Name("_R", ast.Load()), args=[node], keywords=[])
+        return node
+
+
+def renamed_source(func, new_name: str, literals: bool) -> str:
+    """The source of a rule's function under ``new_name``; ``literals`` rewrites numbers to ``_R(...)``."""
+    fn = ast.parse(function_source(func)).body[0]
+    fn.name = new_name
+    if literals:
+        fn = _Literals().visit(fn)
+    ast.fix_missing_locations(fn)
+    return ast.unparse(fn)
+
+
+def _reduce_returns_scalar(f) -> bool:
+    fn = ast.parse(function_source(f)).body[0]
+    rets = [n for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    return not any(isinstance(r.value, ast.Tuple) for r in rets)
+
+
+def rule_functions(layout: ChainLayout, decorator: str) -> list:
+    """Lines defining every member's ``step``/``reduce``/``prepare``/``finish`` as ``step_{r}``...
+    (``reduce_t_{r}`` returns the contributions as a tuple), each under ``decorator``. ``finish`` works on
+    the float64 totals of a reduction; everything else computes in the parameters' precision."""
+    out = []
+    for r_i, r in enumerate(layout.rules):
+        cls = type(r)
+        if cls.stage is not None:
+            continue  # stages are implemented by the emitters themselves
+        for fname, literals in (("step", True), ("reduce", True), ("prepare", True), ("finish", False)):
+            f = getattr(cls, fname, None)
+            if f is None or (fname == "prepare" and not cls.scalars):
+                continue
+            out += ["", decorator, renamed_source(f, f"{fname}_{r_i}", literals)]
+            if fname == "reduce":
+                a = ", ".join(step_args(f))  # explicit names: Numba cannot inline a call with *args
+                out += ["", decorator, f"def reduce_t_{r_i}({a}):",
+                        f"    return (reduce_{r_i}({a}),)" if _reduce_returns_scalar(f)
+                        else f"    return reduce_{r_i}({a})"]
+    return out
+
+
+def opt_literal(v) -> str:
+    return repr(v) if not (isinstance(v, float) and v == float("inf")) else "INF"
+
+
+def call_args(layout: ChainLayout, r_i: int, fname: str, lead, state_vars=()) -> str:
+    """Argument list for member ``r_i``'s ``fname`` with the kernel's local variable names."""
+    rule = layout.rules[r_i]
+    names = step_args(getattr(type(rule), fname))
+    out = list(lead)
+    rest = names[len(lead) + len(state_vars):] if fname == "step" else names[len(lead):]
+    out += list(state_vars)
+    for n in rest:
+        if n in rule._hypers:
+            out.append(f"h{r_i}_{n}")
+        elif n in rule._options:
+            out.append(opt_literal(rule._values[n]))
+        elif n in type(rule).scalars:
+            out.append(f"p{r_i}_{n}")
+        elif n in type(rule).finals:
+            out.append(f"f{r_i}_{n}")
+        else:  # pragma: no cover - prevented by the checks at class creation
+            raise TypeError(n)
+    return ", ".join(out)
+
+
+def element_lines(layout: ChainLayout, upto: int, gvar: str, xvar: str, sread, writes: bool, indent: str,
+                  zero: str = "_Z", real_zero: str = "_R(0)") -> list:
+    """Lines computing the fused chain's step for one element, for members ``0..upto-1``.
+
+    ``sread(k)`` reads state array ``k`` at this element. Leaves the step in ``d`` and, when ``writes``,
+    the new state of array k in ``n_{k}``. An AccumGrad member among them turns ``d`` into the mean of the
+    cycle, ``(acc + d) / n``, and resets its sum (the cycle completes here).
+    """
+    lines = [f"{indent}d = {gvar}"]
+    for r_i in range(upto):
+        rule = layout.rules[r_i]
+        stage = type(rule).stage
+        if stage == "master":
+            continue
+        if stage == "accumulate":
+            k = layout.state_slots[r_i][0][1]
+            lines.append(f"{indent}d = ({sread(k)} + d) / h{r_i}_n")
+            if writes:
+                lines.append(f"{indent}n_{k} = {zero}")
+            continue
+        svars, outs = [], []
+        for decl, k in layout.state_slots[r_i]:
+            if k is None:
+                svars.append(real_zero if decl.real else zero)
+                outs.append("_")
+            else:
+                svars.append(sread(k))
+                outs.append(f"n_{k}")
+        args = call_args(layout, r_i, "step", ["d", xvar], svars)
+        lines.append(f"{indent}{', '.join(['d'] + outs)} = step_{r_i}({args})" if outs
+                     else f"{indent}d = step_{r_i}({args})")
+    return lines
+
+
+def load_lines(layout: ChainLayout, indent: str, tvar: str, tpvar: str | None = None, hpvar: str = "hp") -> list:
+    """Load the hyperparameters (cast to the compute precision) and compute the per-step scalars; members
+    before an AccumGrad count their steps in ``tpvar``."""
+    lines = []
+    for r_i, rule in enumerate(layout.rules):
+        for n, k in layout.hyper_slots[r_i].items():
+            lines.append(f"{indent}h{r_i}_{n} = _R({hpvar}[{k}])")
+        cls = type(rule)
+        if cls.scalars:
+            args = [f"h{r_i}_{n}" if n in rule._hypers else opt_literal(rule._values[n])
+                    for n in step_args(cls.prepare)[1:]]
+            names = [f"q{r_i}_{n}" for n in cls.scalars]
+            t = tpvar if (tpvar is not None and layout.in_prefix(r_i)) else tvar
+            lines.append(f"{indent}{', '.join(names)}, = prepare_{r_i}(_R({t}), {', '.join(args)})")
+            lines += [f"{indent}p{r_i}_{n} = _R(q{r_i}_{n})" for n in cls.scalars]
+    return lines
+
+
+def finals_lines(layout: ChainLayout, rs, indent: str, src) -> list:
+    """``f{r}_{name} = _R(<src(r, m)>)`` for the finals of the reduction rules ``rs``."""
+    return [f"{indent}f{r}_{n} = _R({src(r, m)})" for r in rs for m, n in enumerate(type(layout.rules[r]).finals)]
+
+
+def finish_call(layout: ChainLayout, r_i: int, accs, hpvar: str = "hp") -> str:
+    """``finish_{r}(<accumulators>, <hyperparameters/options>)`` (run in float64)."""
+    rule = layout.rules[r_i]
+    args = list(accs)
+    for n in step_args(type(rule).finish)[len(reduce_ops(rule)):]:
+        args.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]" if n in rule._hypers else opt_literal(rule._values[n]))
+    return f"finish_{r_i}({', '.join(args)})"
+
+
+def reduction_lines(layout: ChainLayout, r_i: int, loop_lines, indent: str, init: bool = True,
+                    finish_indent: str | None = None, hpvar: str = "hp") -> list:
+    """A dry pass for reduction rule r_i over the elements produced by ``loop_lines`` (``loop_lines(body)``
+    wraps a body in the element loop): the chain up to r_i without writing anything, rule r_i's
+    contributions accumulated in float64 into ``acc{r}_{j}``, then ``finish`` into ``g{r}_{name}``. The
+    CUDA emitter's form (grid-stride loops); the CPU emitter unrolls its own."""
+    rule = layout.rules[r_i]
+    ops = reduce_ops(rule)
+    lines = []
+    if init:
+        lines += [f"{indent}acc{r_i}_{j} = {'0.0' if op == 'sum' else '-INF'}" for j, op in enumerate(ops)]
+    body = element_lines(layout, r_i, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+    rargs = call_args(layout, r_i, "reduce", ["d", "xi"])
+    body.append(f"{', '.join(f'c{j}' for j in range(len(ops)))}, = reduce_t_{r_i}({rargs})")
+    for j, op in enumerate(ops):
+        body.append(f"acc{r_i}_{j} += np.float64(c{j})" if op == "sum"
+                    else f"acc{r_i}_{j} = max(acc{r_i}_{j}, np.float64(c{j}))")
+    lines += loop_lines(body)
+    fi = indent if finish_indent is None else finish_indent
+    fnames = [f"g{r_i}_{n}" for n in type(rule).finals]
+    accs = [f"acc{r_i}_{j}" for j in range(len(ops))]
+    lines.append(f"{fi}{', '.join(fnames)}, = {finish_call(layout, r_i, accs, hpvar)}")
+    return lines

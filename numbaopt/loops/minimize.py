@@ -1,0 +1,198 @@
+"""Compiled optimisation loops: :func:`minimize`, :func:`minimize_batch` and the :class:`SPSA` estimator.
+
+When the objective is an ``@njit`` function, the whole loop (objective and gradient, the rule's step,
+the stopping tests, a schedule) runs as ONE compiled call per chunk of iterations; Python only runs
+between chunks (callbacks, the progress bar). A plain Python objective runs the very same loop body
+interpreted (the driver's ``py_func``), so both paths have the same semantics and, for the same
+objective, give bitwise identical iterates.
+
+How the driver is compiled and cached: for each (chain, dtype) the rule's kernels live in a generated
+module (:mod:`numbaopt.compiler`). This module writes, next to it, a small driver module that imports
+that module's ``step_inline`` kernel by its content-hashed name (a changed rule is a new kernel module, hence
+a new driver file: the cache never replays a stale step) and is compiled with ``cache=True``. The user's
+objective is passed to the driver as a first-class function (``numba.types.FunctionType`` of its
+signature), not as a dispatcher type: a dispatcher-typed argument misses Numba's cache in every new
+process and leaves a new cache file each time, while a function-typed one is an ordinary cached
+signature, and the objective's code is called through its address, so editing it can never replay stale
+code.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RUNNING, driver_module
+from .problem import Problem, count
+from .results import BatchResult, OptimizeResult
+
+__all__ = ["minimize", "minimize_batch"]
+
+#: the wall time a chunk of compiled iterations aims for when a progress bar is shown
+_TARGET_CHUNK_S = 0.1
+
+
+def run(p, compiled, callback, callback_every, progress, make_snapshot):
+    run = p.runner(compiled)
+    total = p.maxiter + 1
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=p.maxiter, unit="it", leave=False)
+        except ImportError:
+            warnings.warn("progress=True needs tqdm (pip install tqdm); running without a progress bar",
+                          stacklevel=3)
+    if callback is not None:
+        chunk = callback_every
+    elif bar is not None:
+        chunk = 64
+    else:
+        chunk = total
+    shown = 0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            run(chunk)
+            dt = time.perf_counter() - t0
+            active = p.I[:, 3] == RUNNING
+            if bar is not None:
+                done = int(np.max(p.I[:, 0]))
+                bar.update(done - shown)
+                shown = done
+                if callback is None:  # grow chunks to about _TARGET_CHUNK_S each: the bar costs nothing
+                    chunk = int(min(max(chunk * min(4.0, _TARGET_CHUNK_S / max(dt, 1e-9)), 1), total))
+            if not active.any():
+                break
+            if callback is not None:
+                try:
+                    stop = callback(make_snapshot())
+                except StopIteration:
+                    stop = True
+                if stop:
+                    p.I[active, 3] = CALLBACK
+                    break
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def message(code, rules):
+    if code in REASONS:
+        return REASONS[code]
+    status = code - 4
+    rule = rules.rules[status - 2]
+    msg = getattr(type(rule), "error_message", "reduction reported an error")
+    return f"{type(rule).__name__}: {msg}"
+
+
+def finish(p):
+    """Make ``fun`` the loss at the final ``x`` where the loop did not evaluate it: every row under
+    SPSA (it never evaluates fun at x_k itself), rows stopped by the callback (x moved after the last
+    evaluation)."""
+    for r in range(p.B):
+        it = p.I[r, 0]
+        if p.mode == "spsa":
+            f = float(p.fun(p.X[r], *p.args))
+        elif p.I[r, 3] == CALLBACK:
+            g = p.G[r]
+            if p.mode == "fg":
+                f = float(p.fun(p.X[r], g, *p.args))
+            else:
+                f = float(p.fun(p.X[r], *p.args))
+                p.jac(p.X[r], g, *p.args)
+            p.F[r, 2] = driver_module(p.rules[0], p.dtype)._gnorm(g)
+        else:
+            continue
+        p.F[r, 0] = f
+        p.H[r, it if p.keep else 0] = f
+
+
+# ---------------------------------------------------------------------------------------------
+# the public drivers
+# ---------------------------------------------------------------------------------------------
+def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
+             callback=None, callback_every=1, progress=False, compiled=None, history=True) -> OptimizeResult:
+    """Minimise ``fun`` from ``x0`` with an update rule (or a fused chain); a scipy-like driver.
+
+    ``fun(x, grad_out, *args) -> loss`` writes the gradient into ``grad_out``; or give
+    ``fun(x, *args) -> loss`` with ``jac(x, grad_out, *args)``; or ``jac=SPSA(...)`` to estimate the
+    gradient from two evaluations per step. ``x`` is 1-D (``x0`` is flattened and copied; float32 stays
+    float32). When ``fun`` (and ``jac``) are ``@numba.njit`` functions the whole loop runs compiled, in
+    chunks; otherwise (or with ``compiled=False``) the same loop runs in Python.
+
+    Each iteration evaluates the loss and gradient at ``x_k``, then stops when the gradient's 2-norm is
+    ``<= gtol``, when ``|f_k - f_(k-1)| <= ftol * max(|f_k|, |f_(k-1)|, 1)``, when the loss or gradient
+    is not finite, or after ``maxiter`` steps (``None`` disables a tolerance); otherwise the rule steps.
+    ``schedule`` drives hyperparameters inside the compiled loop: a schedule (or function of t) for
+    ``lr``, or a dict ``{name: schedule}`` (schedules set in the rule itself work too); every value is
+    validated before the loop starts. ``callback(result) -> stop?`` runs every ``callback_every``
+    iterations with a snapshot (its ``x`` is the live array: do not modify it); returning True or raising
+    StopIteration stops. ``progress=True`` shows a tqdm bar (optional), updated between chunks sized to
+    about 0.1 s, so it costs nothing measurable. ``history=False`` keeps no loss history (it takes
+    ``maxiter + 1`` floats per problem otherwise).
+    """
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}")
+    callback_every = count("callback_every", callback_every, 1)
+    p = Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False, history)
+
+    def snapshot():
+        # between chunks x is x_nit (stepped), evaluated up to x_(nit-1): fun is history[-1]
+        it = int(p.I[0, 0])
+        return OptimizeResult(x=p.X[0], fun=float(p.F[0, 0]), nit=it, grad_norm=float(p.F[0, 2]),
+                              history=p.H[0, :it] if p.keep else None, t=int(p.I[0, 1]))
+
+    run(p, compiled, callback, callback_every, progress, snapshot)
+    finish(p)
+    it, t, skipped, code = (int(v) for v in p.I[0])
+    per_eval = 2 if p.mode == "spsa" else 1
+    nfev = (it * per_eval + 1) if p.mode == "spsa" else it + 1
+    if p.mode == "spsa" and code not in (MAXITER, CALLBACK):
+        nfev += 2  # the iteration that met a tolerance evaluated fun twice before stopping
+    x = p.X[0].copy()
+    return OptimizeResult(x=x, fun=float(p.F[0, 0]), nit=it, nfev=nfev, converged=code in (GTOL, FTOL),
+                          status=code, message=message(code, p.rules[0]),
+                          history=p.H[0, :it + 1].copy() if p.keep else None,
+                          grad_norm=float(p.F[0, 2]), t=t, skipped=skipped, state=p.S)
+
+
+def minimize_batch(fun, X0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
+                   callback=None, callback_every=1, progress=False, compiled=None,
+                   history=True) -> BatchResult:
+    """Minimise ``fun`` from every row of ``X0`` (shape ``(B, n)``): B independent problems at once.
+
+    Each row has its own rule state, its own step count and its own stopping status; one compiled call
+    advances every running row (per chunk of iterations). ``fun``, ``jac``, ``args`` and the options are
+    those of :func:`minimize` (``fun`` sees one row at a time); row ``r`` gives exactly the iterates of
+    ``minimize(fun, X0[r], ...)``. ``rule`` is one rule for all rows, or a list of B rules of the same
+    types and options (e.g. a sweep over ``lr``). ``callback`` receives a :class:`BatchResult` snapshot.
+    """
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}")
+    callback_every = count("callback_every", callback_every, 1)
+    p = Problem(fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, "X0", True, history)
+
+    def snapshot():
+        return batch_result(p, live=True)
+
+    run(p, compiled, callback, callback_every, progress, snapshot)
+    finish(p)
+    return batch_result(p, live=False)
+
+
+def batch_result(p, live):
+    its = p.I[:, 0].copy()
+    codes = p.I[:, 3].copy()
+    if p.mode == "spsa":
+        nfev = its * 2 + 1 + np.where(np.isin(codes, (MAXITER, CALLBACK, RUNNING)), 0, 2)
+    else:
+        nfev = its + 1
+    width = int(its.max()) + 1
+    return BatchResult(x=p.X if live else p.X.copy(), fun=p.F[:, 0].copy(), nit=its, nfev=nfev,
+                       converged=np.isin(codes, (GTOL, FTOL)), status=codes,
+                       message=[message(int(c), p.rules[0]) if c else "running" for c in codes],
+                       history=p.H[:, :width].copy() if p.keep else None, grad_norm=p.F[:, 2].copy(),
+                       t=p.I[:, 1].copy(),
+                       skipped=p.I[:, 2].copy(), state=p.S)

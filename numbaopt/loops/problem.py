@@ -1,0 +1,218 @@
+"""One optimisation problem (or a batch of them) validated and laid out for the drivers: nothing runs here."""
+from __future__ import annotations
+
+import numpy as np
+from numba.core.registry import CPUDispatcher
+
+from ..backends.state import Leaf, as_rule, check_param_dtype
+from ..compiler import ChainLayout, real_dtype
+from ..schedules import Schedule
+from .drivers import driver_module, kernel_key
+from .fnref import compiled_entry
+from .spsa import SPSA
+
+__all__ = ["Problem", "is_njit", "nonneg", "count", "as_params", "schedule_values", "check_values", "schedule_slots"]
+
+
+def is_njit(f) -> bool:
+    """Whether ``f`` is an ``@numba.njit`` function."""
+    return isinstance(f, CPUDispatcher)
+
+
+def nonneg(name, v, allow_none=True):
+    if v is None and allow_none:
+        return -1.0  # disabled: no norm or change is <= -1
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a non-negative number{' or None' if allow_none else ''}, got {v!r}")
+    v = float(v)
+    if not v >= 0:
+        raise ValueError(f"{name}={v!r}; expected a non-negative number{' or None' if allow_none else ''}")
+    return v
+
+
+def count(name, v, low):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {v!r}")
+    if v < low:
+        raise ValueError(f"{name}={v}; expected an integer >= {low}")
+    return int(v)
+
+
+def as_params(x0, where, ndim):
+    a = np.asarray(x0)
+    if a.dtype.kind in "biu":
+        if a.dtype.kind == "b":
+            raise TypeError(f"{where}: boolean array; expected real or complex parameters")
+        a = a.astype(np.float64)
+    elif a.dtype.kind not in "fc":
+        raise TypeError(f"{where}: dtype {a.dtype}; expected float32, float64, complex64 or complex128")
+    check_param_dtype(a.dtype, where)
+    if ndim == 1:
+        a = a.reshape(-1)
+    elif a.ndim != 2:
+        raise ValueError(f"{where}: shape {a.shape}; expected (B, n): one row of parameters per problem")
+    if a.size == 0:
+        raise ValueError(f"{where}: no parameters (shape {a.shape})")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{where}: contains NaN or inf")
+    return np.array(a, dtype=a.dtype, order="C", copy=True).reshape(-1, a.shape[-1])
+
+
+def schedule_values(s, ts):
+    vals = getattr(s, "values", None)
+    out = vals(ts) if vals is not None else [s(int(t)) for t in ts]
+    return np.asarray(out, dtype=np.float64).reshape(-1)
+
+
+def check_values(decl, owner, values):
+    """Every value of a schedule table inside the hyperparameter's domain (before anything runs)."""
+    bad = np.isnan(values)
+    if decl.low is not None:
+        bad |= (values <= decl.low) if decl.low_open else (values < decl.low)
+    if decl.high is not None:
+        bad |= (values >= decl.high) if decl.high_open else (values > decl.high)
+    if bad.any():
+        k = int(np.argmax(bad))
+        try:
+            decl.check(owner, float(values[k]))
+        except ValueError as e:
+            raise ValueError(f"schedule at step {k + 1}: {e}") from None
+
+
+def schedule_slots(layout, schedule):
+    """[(index in hp, rule index, decl, schedule)] from the rule's own schedules and ``schedule=``."""
+    slots = {}
+    for k, (r_i, n) in enumerate(layout.hyper_names):
+        v = layout.rules[r_i]._values[n]
+        if isinstance(v, Schedule):
+            slots[k] = (r_i, n, v)
+    if schedule is not None:
+        if not isinstance(schedule, dict):
+            schedule = {"lr": schedule}
+        valid = sorted({n for _, n in layout.hyper_names})
+        for name, s in schedule.items():
+            if not callable(s):
+                raise TypeError(f"schedule[{name!r}]: expected a Schedule or a function of t, got {s!r}")
+            ks = [k for k, (_, n) in enumerate(layout.hyper_names) if n == name]
+            if not ks:
+                raise ValueError(f"schedule: unknown hyperparameter {name!r}; valid: {valid}")
+            for k in ks:
+                slots[k] = (layout.hyper_names[k][0], name, s)
+    return slots
+
+
+class Problem:
+    """Everything the drivers need for B rows of n parameters (validated, nothing written yet)."""
+
+    def __init__(self, fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, where, per_row_rules,
+                 history=True):
+        if not callable(fun):
+            raise TypeError(f"fun must be callable, got {fun!r}")
+        if not isinstance(args, tuple):
+            raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+        self.maxiter = count("maxiter", maxiter, 0)
+        self.gtol, self.ftol = nonneg("gtol", gtol), nonneg("ftol", ftol)
+        X = as_params(X0, where, 1 if not per_row_rules else 2)
+        self.X = X
+        B, n = X.shape
+        self.dtype = X.dtype
+        if isinstance(rule, (list, tuple)):
+            if not per_row_rules:
+                raise TypeError("rule: expected a rule or chain (a list of rules is for minimize_batch)")
+            if len(rule) != B:
+                raise ValueError(f"rule: {len(rule)} rules for {B} rows; expected one rule or {B}")
+            rules = [as_rule(r) for r in rule]
+        else:
+            rules = [as_rule(rule)]
+        for r in rules:
+            lay = ChainLayout(r)
+            if lay.accum is not None or lay.master is not None:  # counters and copies kept on the host
+                raise TypeError(f"rule: {r!r} has a stage (AccumGrad or MixedPrecision); minimize needs a chain "
+                                "of elementwise and reduction rules")
+        key0 = kernel_key(rules[0])
+        for i, r in enumerate(rules[1:], 1):
+            if kernel_key(r) != key0:
+                raise ValueError(f"rule[{i}]: {r!r} does not share rule types and options with rule[0] "
+                                 f"{rules[0]!r}; one compiled kernel serves every row")
+        self.spsa = jac if isinstance(jac, SPSA) else None
+        if jac is not None and self.spsa is None and not callable(jac):
+            raise TypeError(f"jac must be None, a function jac(x, grad_out, *args) or SPSA(...), got {jac!r}")
+        if self.spsa is not None and self.dtype.kind == "c":
+            raise TypeError(f"SPSA: complex parameters ({self.dtype}) are not supported; use real parameters")
+        self.mode = "spsa" if self.spsa is not None else ("jac" if jac is not None else "fg")
+        self.fun, self.jac, self.args = fun, (None if self.spsa is not None else jac), args
+        leaf = Leaf(rules[0], (B * n,), self.dtype)  # complex support checked here
+        self.leaf, self.layout = leaf, leaf.layout
+        self.rules = rules
+        # hyperparameters: one row shared, or one per row
+        HP = np.stack([Leaf(r, (1,), self.dtype).hp for r in rules]) if len(rules) > 1 else leaf.hp[None, :].copy()
+        # schedules: tables of values for t = 1..maxiter, validated now
+        per = [schedule_slots(ChainLayout(r), schedule) for r in rules]
+        ks = sorted(set().union(*[set(p) for p in per]))
+        for i, p in enumerate(per):
+            if set(p) != set(ks):
+                raise ValueError(f"rule[{i}]: schedules must drive the same hyperparameters in every row")
+        T = max(self.maxiter, 1)
+        rdt = real_dtype(self.dtype)
+        TAB = np.zeros((len(per) if ks else 1, len(ks), T), dtype=rdt)
+        ts = np.arange(1, T + 1)
+        for i, p in enumerate(per):
+            for j, k in enumerate(ks):
+                r_i, name, s = p[k]
+                vals = schedule_values(s, ts)
+                if vals.shape[0] != T:
+                    raise ValueError(f"schedule for {name!r}: values(ts) returned {vals.shape[0]} values for "
+                                     f"{T} steps")
+                decl = rules[i].rules[r_i]._hypers[name]
+                check_values(decl, type(rules[i].rules[r_i]).__name__, vals)
+                TAB[i, j] = vals
+                HP[i if HP.shape[0] > 1 else 0, k] = vals[0]
+        if ks and TAB.shape[0] > 1 and HP.shape[0] == 1:
+            HP = np.repeat(HP, B, axis=0)
+        self.HP, self.TAB = HP, TAB
+        self.idx = np.array(ks, dtype=np.int64)
+        self.B, self.n = B, n
+        self.G = np.zeros_like(X)
+        if len(rules) > 1:  # initial state may depend on each row's hyperparameters (AdaGrad: eps)
+            rows = [Leaf(r, (n,), self.dtype).arrays for r in rules]
+            self.S = tuple(np.concatenate([a[k] for a in rows]) for k in range(len(leaf.arrays)))
+        else:
+            self.S = tuple(leaf.arrays)
+        self.I = np.zeros((B, 4), dtype=np.int64)      # it, t, skipped, reason
+        self.F = np.zeros((B, 3), dtype=np.float64)    # f, fprev, grad norm
+        self.F[:, 1] = np.nan
+        # the loss history: (B, maxiter + 1) floats, or one column (overwritten) with history=False
+        self.H = np.full((B, self.maxiter + 1 if history else 1), np.nan)
+        self.keep = bool(history)
+        if self.spsa is not None:
+            self.sp = self.spsa.gain_vector()
+            self.rng = self.spsa.streams(B)
+            self.XP = np.empty_like(X)
+            self.D = np.empty((B, n), dtype=np.float64)
+        else:
+            self.sp = np.zeros(5)
+            self.rng = np.zeros(B, dtype=np.uint64)
+            self.XP = np.empty((1, 1), dtype=self.dtype)
+            self.D = np.empty((1, 1))
+
+    # -- the call -----------------------------------------------------------------------------
+    def runner(self, compiled):
+        mod = driver_module(self.rules[0], self.dtype)
+        drv = getattr(mod, f"run_{self.mode}")
+        if compiled is None:
+            compiled = is_njit(self.fun) and (self.jac is None or is_njit(self.jac))
+        if not compiled:
+            py = drv.py_func
+            return lambda nsteps: py(self.fun, self.jac, self.args, *self._arrays(), nsteps, *self._tail())
+        if not is_njit(self.fun) or (self.jac is not None and not is_njit(self.jac)):
+            raise TypeError("compiled=True needs fun (and jac) to be @numba.njit functions")
+        entry, fun, jac = compiled_entry(drv, self)
+        arrays = self._arrays()
+        tail = self._tail()
+        return lambda nsteps: entry(fun, jac, self.args, *arrays, nsteps, *tail)
+
+    def _arrays(self):
+        return (self.X, self.G, self.S, self.HP, self.TAB, self.idx, self.I, self.F, self.H)
+
+    def _tail(self):
+        return (self.maxiter, self.gtol, self.ftol, self.sp, self.rng, self.XP, self.D)

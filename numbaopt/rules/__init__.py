@@ -1,0 +1,27 @@
+"""Rules: the definition mechanism (:mod:`.base`), the names a step may use (:mod:`.ops`), composition
+(:mod:`.chain`), the stages (:mod:`.stages`) and the built-in rules by family.
+
+A rule is one class with its hyperparameters, state and ONE scalar ``step`` (read :mod:`.basic` or
+:mod:`.adaptive` to write your own; ``docs/custom_rules.md``).
+"""
+from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, NAdam, OAdam, RAdam,
+                       RMSProp, Yogi)
+from .base import Rule, hyper, option, state
+from .basic import Descent, Momentum, Nesterov, Trace, WeightDecay
+from .chain import Chain, chain
+from .clipping import ClipGlobalNorm, ClipGrad, ClipNorm, NonFiniteGuard, SkipNonFinite
+from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
+from .lookahead import Lookahead, LookaheadSync
+from .sign_based import Lion, Rprop, SignDecay, Signum
+from .stages import AccumGrad, MixedPrecision
+
+__all__ = [
+    "Rule", "hyper", "option", "state", "Chain", "chain", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
+    "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop", "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad",
+    "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace",
+    "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite",
+    "AccumGrad", "MixedPrecision"
+]
+
+#: the built-in rules and rule constructors, in catalogue order (docs/rules.md follows it)
+BUILTIN = __all__[6:]

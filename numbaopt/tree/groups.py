@@ -1,0 +1,122 @@
+"""Groups: the leaves of a tree that share (rule, compute dtype), with their state in flat arenas.
+
+A :class:`Group` is stepped by ONE call of its generated many-leaf kernel (:mod:`numbaopt.compiler.cpu`):
+leaf ``j`` has its state at ``offsets[j]`` in every arena and its counters in column ``j`` of ``C``.
+A leaf of another dtype under ``MixedPrecision`` computes on its master copy (``masters[j]``).
+:class:`TreeLeaf` is the per-leaf view that ``state.encoder.w`` shows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.state import Leaf
+from ..compiler import ChainLayout, kernels
+
+__all__ = ["Group", "TreeLeaf"]
+
+
+class Group:
+    """Leaves sharing (rule, compute dtype): flat state arenas, offsets/sizes, counters, hyperparameters.
+
+    ``members``: the tree's unit ids in leaf order; ``param_dtypes``: each leaf's parameter dtype;
+    ``masters``: per leaf the master copy (flat) or None; ``F``/``P``: scratch tables of the reductions
+    (per-leaf finals and partial sums, float64); ``act``: all ones (every leaf stepped).
+    """
+
+    __slots__ = ("rule", "dtype", "layout", "arenas", "offsets", "sizes", "C", "hp", "members", "param_dtypes",
+                 "masters", "F", "P", "act", "kern")
+
+    def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None):
+        self.rule, self.dtype, self.members = rule, np.dtype(dtype), list(members)
+        self.layout = layout = ChainLayout(rule)
+        n = len(self.members)
+        self.sizes = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], dtype=np.int64)
+        self.offsets = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            np.cumsum(self.sizes[:-1], out=self.offsets[1:])
+        self.arenas = layout.new_state(int(self.sizes.sum()), self.dtype)
+        self.C = np.zeros((4, n), dtype=np.int64)
+        self.hp = layout.hyper_vector(1, 1, self.dtype)
+        self.param_dtypes = [np.dtype(d) for d in param_dtypes]
+        self.masters = list(masters) if masters is not None else [None] * n
+        self.kern = None
+        self._scratch()
+
+    def _scratch(self):
+        n = len(self.members)
+        self.F = np.zeros((n, self.layout.n_fin), dtype=np.float64)
+        self.P = np.zeros((n, self.layout.n_acc), dtype=np.float64)
+        self.act = np.ones(n, dtype=np.int64)
+
+    ts = property(lambda self: self.C[0], doc="steps taken, per leaf (a view of the counters)")
+    skipped = property(lambda self: self.C[3], doc="steps skipped, per leaf (a view of the counters)")
+
+    @property
+    def mod(self):
+        """The generated CPU module of this group's chain and compute dtype."""
+        k = self.kern
+        if k is None:
+            k = self.kern = kernels(self.rule, self.dtype)
+        return k
+
+    def hp_at(self, t: int, tp: int) -> np.ndarray:
+        """Hyperparameters for step ``t`` (``tp`` before an AccumGrad): ``hp`` itself when nothing is
+        scheduled, else a new vector (schedules evaluated and checked; ``hp`` untouched)."""
+        if not self.layout.scheduled:
+            return self.hp
+        return self.layout.hyper_vector(t, tp, self.dtype)
+
+    def derive(self, arenas, C, masters) -> Group:
+        """A group of the same leaves and rule with the given state (a pure step's result)."""
+        new = object.__new__(Group)
+        for s in Group.__slots__:
+            setattr(new, s, getattr(self, s))
+        new.arenas, new.C, new.masters = tuple(arenas), C, list(masters)
+        new.hp = self.hp.copy()
+        new.members = list(self.members)
+        new._scratch()
+        return new
+
+    def copy(self) -> Group:
+        """An independent copy (arenas, counters, hyperparameters, masters)."""
+        return self.derive([a.copy() for a in self.arenas], self.C.copy(),
+                           [None if m is None else m.copy() for m in self.masters])
+
+    def set_rule_(self, rule, hp) -> None:
+        """Switch to ``rule`` (same options) with the checked hyperparameters ``hp`` (in place: fast plans
+        and leaf views hold this array)."""
+        self.rule, self.layout = rule, ChainLayout(rule)
+        self.hp[:] = hp
+
+    def leaf_view(self, j, shape, unit, tree_core) -> TreeLeaf:
+        """The view of leaf ``j`` (unit ``unit`` of the tree whose core is ``tree_core``)."""
+        return TreeLeaf(self, j, shape, unit, tree_core)
+
+
+class TreeLeaf(Leaf):
+    """A :class:`numbaopt.Leaf` view of one leaf of a tree's group: its state arrays are views into the
+    group's arenas, and ``t``/``rule``/``hp``/counters are read live from the group (``copy()`` detaches)."""
+
+    __slots__ = ("group", "j", "unit", "core")
+
+    def __init__(self, group, j, shape, unit=None, tree_core=None):
+        o, n = int(group.offsets[j]), int(group.sizes[j])
+        self.group, self.j, self.unit, self.core = group, j, unit, tree_core
+        self.shape = tuple(shape)
+        self.arrays = tuple(a[o:o + n] for a in group.arenas)
+        self.fast = None
+
+    rule = property(lambda self: self.group.rule, lambda self, v: None)
+    layout = property(lambda self: self.group.layout, lambda self, v: None)
+    hp = property(lambda self: self.group.hp, lambda self, v: None)
+    dtype = property(lambda self: self.group.dtype, lambda self, v: None)
+    param_dtype = property(lambda self: self.group.param_dtypes[self.j], lambda self, v: None)
+    master = property(lambda self: self.group.masters[self.j], lambda self, v: None)
+    counters = property(lambda self: self.group.C[:, self.j], lambda self, v: None)
+    kern = property(lambda self: self.group.mod, lambda self, v: None)
+
+    def copy(self) -> Leaf:
+        """A detached :class:`numbaopt.Leaf` with a copy of this leaf's state."""
+        m = self.master
+        return Leaf(self.rule, self.shape, self.param_dtype, arrays=[a.copy() for a in self.arrays],
+                    hp=self.hp.copy(), counters=self.counters.copy(), master=None if m is None else m.copy())

@@ -1,0 +1,107 @@
+"""The operations on a tree's state: the step entry points, ``adjust``/``adjust_``, ``freeze_``/``thaw_``,
+copies. Each checks everything before it changes anything."""
+from __future__ import annotations
+
+from ..backends.cuda.group import DeviceMember
+from ..backends.state import adjusted_rule
+from ..compiler import ChainLayout
+from .fastpath import FastPlan
+from .groups import TreeLeaf
+from .state import StateNode, StateTree, core
+from .step import step_tree
+
+__all__ = ["update_tree", "update_tree_", "adjust_tree", "adjust_tree_", "freeze_", "thaw_", "copy_state"]
+
+
+def update_tree_(state, model, grads):
+    """In place: see :func:`numbaopt.update_`."""
+    c = core(state, "update_")
+    fp = c.fast
+    if fp is not None and fp.run(c, model, grads):
+        return state, model
+    _, out, (xu, iu) = step_tree(c, model, grads, True)
+    c.fast = FastPlan.build(c, xu, iu, fp)  # the next step of this model can take the fast path
+    return state, out
+
+
+def update_tree(state, model, grads):
+    """Pure: see :func:`numbaopt.update`."""
+    c, out, _ = step_tree(core(state, "update"), model, grads, False)
+    return StateTree(c), out
+
+
+def _plan_adjust(c, hyper: dict):
+    """New rules and hyperparameter vectors for every group (checked), or a ValueError naming the
+    problem; nothing is changed here."""
+    everything = list(c.groups) + list(c.device_groups)
+    valid = {n for g in everything for r in g.rule.rules for n in r._hypers}
+    options = {n for g in everything for r in g.rule.rules for n in r._options}
+    for n in hyper:
+        if n not in valid:
+            if n in options:
+                raise ValueError(f"{n} is a compile-time option; set up a new state to change it")
+            raise ValueError(f"unknown hyperparameter {n!r}; valid: {sorted(valid)}")
+    out = []
+    for g in everything:
+        names = {n for r in g.rule.rules for n in r._hypers}
+        kw = {k: v for k, v in hyper.items() if k in names}
+        if not kw:
+            continue
+        rule = adjusted_rule(g.rule, kw)
+        t = int(g.C[0].max()) if hasattr(g, "C") and g.C.shape[1] else int(getattr(g, "t", 0))
+        hp = ChainLayout(rule).hyper_vector(t + 1, t + 1, g.dtype)  # a schedule out of its domain raises here
+        out.append((g, rule, hp))
+    return out
+
+
+def adjust_tree_(state, **hyper):
+    """Change hyperparameters in place (see :func:`numbaopt.adjust_`); never recompiles."""
+    c = core(state, "adjust_")
+    changes = _plan_adjust(c, hyper)
+    for g, rule, hp in changes:  # nothing below can fail
+        if hasattr(g, "C"):
+            g.set_rule_(rule, hp)
+        else:
+            g.set_rule_(rule)
+    c.fast = None
+    return state
+
+
+def adjust_tree(state, **hyper):
+    """A new state with new hyperparameters; moments and step counts are kept."""
+    c = core(state, "adjust")
+    _plan_adjust(c, hyper)  # validate before copying
+    return adjust_tree_(copy_state(state), **hyper)
+
+
+def copy_state(state) -> StateTree:
+    """A deep copy of a state tree (new arenas, counters, frozen flags)."""
+    return StateTree(core(state, "copy").copy())
+
+
+def _units_of(sub, fname):
+    """``(core, units)`` of a state tree, a part of one, or one of its leaves."""
+    if isinstance(sub, TreeLeaf) and sub.core is not None:
+        return sub.core, [sub.unit]
+    if isinstance(sub, StateNode):
+        return core(sub._tree, fname), sub.units()
+    if isinstance(sub, DeviceMember):
+        raise TypeError(f"{fname}: a device leaf is frozen through the container above it (state['gpu'])")
+    raise TypeError(f"{fname}: expected a state tree, a part of one (state.layer) or one of its leaves, "
+                    f"got {type(sub).__name__}")
+
+
+def freeze_(sub):
+    """Freeze every leaf of ``sub`` (a state tree, ``state.part`` or a leaf): not updated, state untouched."""
+    c, us = _units_of(sub, "freeze_")
+    c.frozen[us] = True
+    c.fast = None
+    return sub
+
+
+def thaw_(sub):
+    """Undo :func:`freeze_` on ``sub``."""
+    c, us = _units_of(sub, "thaw_")
+    c.frozen[us] = False
+    c.fast = None
+    return sub

@@ -1,0 +1,375 @@
+"""The step of a tree, pure or in place, as ONE transaction: everything that can refuse it runs first.
+
+1. :func:`numbaopt.tree.collect.collect` checks the model and gradient leaves (messages name the path);
+2. :func:`plan` makes one :class:`Run` per group (and step count, when a schedule needs one): the leaves it
+   steps, their addresses, the hyperparameters of their step (schedules evaluated and checked here), and
+   for the pure step the new arrays;
+3. :func:`execute` *checks*: the reductions of every group that can refuse the step except one (dry passes:
+   they write only scratch tables), the tree-scope reductions that span several groups (partial sums of
+   every group combined in leaf order, then ``finish`` once), the device groups' reductions; then it
+   *commits*: the one unchecked refusing group first (its fused kernel reduces before it writes), then the
+   element passes of the others, which cannot refuse. Device groups whose leaves are at several step
+   counts cannot be checked ahead: they are copied on the device first and restored if they refuse;
+4. write-backs (strided views, master copies into float16 parameters, new leaves for read-only ones) and
+   the rebuilt model.
+
+So a refusal (a non-finite norm, a schedule leaving its domain, a bad leaf) leaves every parameter, state
+array, counter and hyperparameter as it was, and its message names the leaf or the hyperparameter.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backends import abi
+from ..backends.state import status_error
+from ..compiler.layout import ERROR_BASE, reduce_ops
+from .collect import collect
+from .params import ND_READONLY, ND_WRITEABLE
+from .state import TreeCore
+from .structure import rebuild
+
+__all__ = ["Run", "Order", "plan", "execute", "step_tree", "addresses"]
+
+
+def addresses(arrays) -> np.ndarray:
+    """Data pointers of many exact ndarrays (compiled header reads when the layout was verified)."""
+    n = len(arrays)
+    out = np.empty(n, dtype=np.int64)
+    if abi.OK and abi.data_pointers(np.fromiter(map(id, arrays), np.int64, n), abi.ARRAY_TYPE, out) == -1:
+        return out
+    for i, a in enumerate(arrays):  # no verified layout
+        out[i] = a.ctypes.data
+    return out
+
+
+class Run:
+    """One call of a group's kernel: ``act`` (1 = step the leaf, 0 = leave it, 2 = another run's),
+    ``xaddr``/``gaddr``/``xoaddr`` (per leaf, 0 where not stepped), ``hp``, the scratch tables ``F``/``P``,
+    ``out`` = (new arenas, new counters) of a pure step, ``checked`` once its reductions ran."""
+
+    __slots__ = ("grp", "act", "xaddr", "gaddr", "xoaddr", "hp", "F", "P", "out", "checked")
+
+    def __init__(self, grp, act, xaddr, gaddr, hp, F=None, P=None, xoaddr=None, out=None):
+        self.grp, self.act, self.xaddr, self.gaddr, self.hp = grp, act, xaddr, gaddr, hp
+        self.F = grp.F if F is None else F
+        self.P = grp.P if P is None else P
+        self.xoaddr, self.out, self.checked = xoaddr, out, False
+
+    def args(self, reduce: bool) -> tuple:
+        g = self.grp
+        if self.out is None or reduce:
+            head = (self.xaddr, self.gaddr, g.sizes, g.offsets, *g.arenas)
+        else:
+            head = (self.xaddr, self.gaddr, self.xoaddr, g.sizes, g.offsets, *g.arenas, *self.out[0])
+        C = g.C if (self.out is None or reduce) else self.out[1]
+        return head + (self.hp, C, self.act, self.F) + ((self.P,) if reduce else ())
+
+
+# --------------------------------------------------------------------------------------------------
+# plan
+
+
+def _kernel_x(grp, j, x, info, inplace, posts, u):
+    """The array the kernel steps for leaf ``j`` (written in place, or read by a pure step), and what to do
+    with it afterwards."""
+    master = grp.masters[j]
+    if master is not None:  # MixedPrecision: the kernels run on the master copy
+        if inplace:
+            posts.append(("master", u, j, x, info, int(grp.C[0, j])))
+        return master
+    a = x if (info is ND_WRITEABLE or info is ND_READONLY) else info.to_array(x)
+    dt = grp.dtype
+    if not inplace:
+        if type(a) is np.ndarray and a.dtype == dt and a.flags.c_contiguous and a.flags.aligned:
+            return a  # read only
+        return np.array(a, dtype=dt, order="C")
+    if info.writeable:
+        if type(a) is np.ndarray and a.flags.carray and a.dtype == dt:  # C-contiguous, aligned, writeable
+            return a
+        t = np.array(a, dtype=dt, order="C", copy=True)
+        posts.append(("back", u, j, a, t, None))
+        return t
+    t = np.array(a, dtype=dt, order="C", copy=True)
+    posts.append(("new", u, j, x, info, t, int(grp.C[0, j])))
+    return t
+
+
+def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
+    """The runs of one group (one per step count when a schedule needs it); pure: also its new arrays."""
+    n = len(grp.members)
+    active = [j for j, u in enumerate(grp.members) if gu[u] is not None]
+    if not active:
+        if not inplace:
+            news.append(grp.copy())
+        return []
+    targets, grads = [], []
+    for j in active:
+        u = grp.members[j]
+        targets.append(_kernel_x(grp, j, xu[u], iu[u], inplace, posts, u))
+        g = gu[u]
+        if not (g.flags.c_contiguous and g.flags.aligned and g.dtype == grp.dtype and type(g) is np.ndarray):
+            g = np.array(g, dtype=grp.dtype, order="C")
+        grads.append(g)
+    js = np.array(active, dtype=np.int64)
+    xaddr, gaddr = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    xaddr[js], gaddr[js] = addresses(targets), addresses(grads)
+    xoaddr = out = None
+    if not inplace:
+        outs = []
+        masters = list(grp.masters)
+        for j, _tgt in zip(active, targets):
+            xo = np.empty(grp.sizes[j], dtype=grp.dtype)
+            outs.append(xo)
+            u = grp.members[j]
+            if masters[j] is not None:
+                masters[j] = xo
+                posts.append(("newmaster", u, j, xu[u], iu[u], xo))
+            else:
+                posts.append(("new", u, j, xu[u], iu[u], xo, None))
+        for j, m in enumerate(masters):
+            if m is not None and m is grp.masters[j]:
+                masters[j] = m.copy()  # a leaf not stepped: its master copied into the new state
+        xoaddr = np.zeros(n, dtype=np.int64)
+        xoaddr[js] = addresses(outs)
+        new = grp.derive([np.empty_like(a) for a in grp.arenas], grp.C.copy(), masters)
+        news.append(new)
+        out = (new.arenas, new.C)
+    keep = (targets, grads)  # alive until the kernels ran: the addresses point into them
+    # the hyperparameters of each step count (one run unless a schedule meets leaves at different counts)
+    if grp.layout.scheduled:
+        keys = sorted({(int(grp.C[0, j]), int(grp.C[1, j])) for j in active})
+    else:
+        keys = [None]
+    runs = []
+    for k, key in enumerate(keys):
+        if key is None:
+            act = np.zeros(n, dtype=np.int64)
+            act[js] = 1
+            hp = grp.hp
+        else:
+            sel = [j for j in active if (int(grp.C[0, j]), int(grp.C[1, j])) == key]
+            # the first run leaves the other runs' leaves (2) and copies the inactive ones (0, pure step)
+            act = np.zeros(n, dtype=np.int64) if k == 0 else np.full(n, 2, dtype=np.int64)
+            act[js] = 2
+            act[sel] = 1
+            try:
+                hp = grp.hp_at(key[0] + 1, key[1] + 1)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{c.structure.where(grp.members[sel[0]], 'state')}: {e}") from None
+        F = P = None
+        if k:  # several runs of one group: each its own scratch tables
+            F, P = np.zeros_like(grp.F), np.zeros_like(grp.P)
+        runs.append(Run(grp, act, xaddr, gaddr, hp, F, P, xoaddr, out))
+    return runs, keep
+
+
+def plan(c: TreeCore, model, grads, inplace: bool):
+    """Check the leaves and make the runs: ``(runs, devices, posts, news, keep)``."""
+    xu, iu, gu = collect(c, model, grads)
+    posts, news, keep = [], [], []
+    runs = []
+    for grp in c.groups:
+        got = _runs_of(c, grp, xu, iu, gu, inplace, posts, news)
+        if got:
+            runs += got[0]
+            keep.append(got[1])
+    devices, new_devices = [], []
+    s = c.structure
+    for di, dg in enumerate(c.device_groups):
+        members = [u for u in range(s.n_unique) if s.u_device[u] == di]
+        js = [s.u_j[u] for u in members if gu[u] is not None]
+        target = dg if inplace else dg.copy()
+        if not js:
+            new_devices.append(target)
+            continue
+        xs, gs = [None] * len(dg.shapes), [None] * len(dg.shapes)
+        for u in members:
+            if gu[u] is not None:
+                xs[s.u_j[u]], gs[s.u_j[u]] = xu[u], gu[u]
+        if not inplace:  # the copy steps copies of the parameters
+            xs = target.copy_params(xs, js)
+            for u in members:
+                if gu[u] is not None:
+                    posts.append(("device", u, None, xs[s.u_j[u]], None, None, None))
+        devices.append((target, xs, gs, js))
+        new_devices.append(target)
+    return runs, devices, posts, (news, new_devices), keep, (xu, iu)
+
+
+# --------------------------------------------------------------------------------------------------
+# the transaction
+
+
+def _refusal(s, run, r) -> ValueError:
+    """The error of reduction rule ``r`` refusing ``run``'s step, naming the leaf that caused it."""
+    grp = run.grp
+    lay = grp.layout
+    rule = lay.rules[r]
+    nops = len(reduce_ops(rule))
+    c0, flag = lay.acc_cols[r], lay.acc_cols[r] + nops
+    err = lay.fin_cols[r] + type(rule).finals.index("error")
+    bad = [j for j in range(len(grp.members)) if run.P[j, flag] != 0.0 and run.F[j, err] != 0.0]
+    if type(rule).scope == "tree":  # the leaf whose own contribution is not finite, when there is one
+        own = [j for j in bad if not all(math.isfinite(v) for v in run.P[j, c0:flag])]
+        bad = own or bad
+    where_ = s.where(grp.members[bad[0]], "grads") if bad else ""
+    return status_error(grp.rule, ERROR_BASE + r, where_)
+
+
+def _phased(s, dom):
+    """The reductions of runs sharing one rule with a tree-scope reduction, phase by phase: a tree-scope
+    reduction sums the partials of every run (in leaf order) before its ``finish``."""
+    first = dom[0]
+    lay = first.grp.layout
+    for r in lay.reducers:
+        rule = lay.rules[r]
+        for run in dom:
+            getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
+        if type(rule).scope == "tree":
+            tot = np.array([0.0 if op == "sum" else -np.inf for op in reduce_ops(rule)], dtype=np.float64)
+            for run in dom:
+                getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
+            row = np.empty(len(type(rule).finals), dtype=np.float64)
+            getattr(first.grp.mod, f"finish_row_{r}")(tot, first.hp, row)
+            for run in dom:
+                getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)
+        else:
+            for run in dom:
+                getattr(run.grp.mod, f"finish_leaves_{r}")(run.P, run.hp, run.F)
+        if "error" in type(rule).finals:
+            for run in dom:
+                err = lay.fin_cols[r] + type(rule).finals.index("error")
+                flag = lay.acc_cols[r] + len(reduce_ops(rule))
+                if np.any((run.P[:, flag] != 0.0) & (run.F[:, err] != 0.0)):
+                    raise _refusal(s, run, r)
+    for run in dom:
+        run.checked = True
+
+
+def _domains(runs) -> list:
+    """Runs sharing a rule with a tree-scope reduction, when there are several of them."""
+    doms = []
+    for run in runs:
+        if not run.grp.layout.tree_reducers():
+            continue
+        for d in doms:
+            if d[0].grp.rule == run.grp.rule:
+                d.append(run)
+                break
+        else:
+            doms.append([run])
+    return [d for d in doms if len(d) > 1]
+
+
+def _commit(s, run):
+    mod = run.grp.mod
+    if run.checked:
+        (mod.apply if run.out is None else mod.apply_out)(*run.args(False))
+        return
+    status = (mod.multi if run.out is None else mod.multi_out)(*run.args(False), run.P)
+    if status:
+        raise _refusal(s, run, status - ERROR_BASE)
+
+
+class Order:
+    """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own."""
+
+    __slots__ = ("runs", "domains", "risky", "first")
+
+    def __init__(self, runs, may_defer: bool = True):
+        self.runs = runs
+        self.domains = _domains(runs)
+        phased = {id(r) for d in self.domains for r in d}
+        risky = [r for r in runs if id(r) not in phased and r.grp.layout.refusing()]
+        self.first = risky.pop(0) if risky and may_defer else None
+        self.risky = risky
+
+
+def execute(s, order: Order, devices=()) -> None:
+    """Check, then commit, the runs and device steps of one tree step (see the module docstring)."""
+    for run in order.runs:
+        run.checked = False
+    for dom in order.domains:
+        _phased(s, dom)
+    preps = [(dg, dg.prepare(xs, gs, js)) for dg, xs, gs, js in devices]
+    undo = [(dg, p) for dg, p in preps if p.undo_needed]
+    first = order.first
+    if first is not None and undo:  # a device step that can refuse late goes first: check this one too
+        order = Order(order.runs, may_defer=False)
+        first = None
+    for run in order.risky:  # dry: their refusal comes before anything is written
+        status = run.grp.mod.reductions(*run.args(True))
+        if status:
+            raise _refusal(s, run, status - ERROR_BASE)
+        run.checked = True
+    if first is not None:
+        _commit(s, first)  # refuses, if it does, before it writes
+    snaps = []
+    try:
+        for dg, p in undo:
+            snaps.append((dg, dg.snapshot()))
+            dg.commit(p)
+    except BaseException:
+        for dg, saved in reversed(snaps):
+            dg.restore(saved)
+        raise
+    for run in order.runs:
+        if run is not first:
+            _commit(s, run)
+    for dg, p in preps:
+        if not p.undo_needed:
+            dg.commit(p)
+    for run in order.runs:  # a schedule's values of this step, as the leaf views show them
+        if run.out is None and run.hp is not run.grp.hp:
+            run.grp.hp[:] = run.hp
+
+
+# --------------------------------------------------------------------------------------------------
+# the whole step
+
+
+def _finish(c, posts, inplace) -> dict:
+    """The write-backs after the kernels ran; returns {unit: new leaf value}."""
+    new = {}
+    for post in posts:
+        kind, u, j = post[0], post[1], post[2]
+        if kind == "back":
+            post[3][...] = post[4].reshape(post[3].shape)  # through to the base of a strided view
+        elif kind == "device":
+            new[u] = post[3]
+        elif kind == "new":
+            _, _, j, x, info, t, t0 = post
+            grp = c.groups[c.structure.u_group[u]]
+            if t0 is None or grp.C[0, j] != t0:
+                new[u] = info.from_array(t.reshape(c.structure.u_shape[u]), x)
+        elif kind == "newmaster":
+            _, _, j, x, info, xo = post
+            new[u] = info.from_array(xo.astype(c.structure.u_dtype[u]).reshape(c.structure.u_shape[u]), x)
+        elif kind == "master":
+            _, _, j, x, info, t0 = post
+            grp = c.groups[c.structure.u_group[u]]
+            if grp.C[0, j] == t0:
+                continue  # not stepped (accumulating, skipped): the parameter stays
+            m = grp.masters[j].reshape(c.structure.u_shape[u])
+            a = x if (info is ND_WRITEABLE or info is ND_READONLY) else (info.to_array(x) if info.writeable else None)
+            if info.writeable and type(a) is np.ndarray:
+                a[...] = m  # rounded to the parameter's dtype
+            else:
+                new[u] = info.from_array(m.astype(c.structure.u_dtype[u]), x)
+    return new
+
+
+def step_tree(c: TreeCore, model, grads, inplace: bool):
+    """One step of a tree: ``(core, new_model, (xu, iu))``; pure: ``core`` is the new state's; ``xu``/``iu``
+    are the unit values seen (the fast path plans from them)."""
+    s = c.structure
+    runs, devices, posts, (news, new_devices), keep, seen = plan(c, model, grads, inplace)
+    execute(s, Order(runs), devices)  # pure: the runs read the old state, write the new groups' arrays
+    out = c if inplace else TreeCore(s, news, new_devices, c.frozen.copy())
+    new = _finish(out, posts, inplace)
+    del keep
+    npos = {p: v for u, v in new.items() for p in s.u_positions[u]}
+    return out, rebuild(s.root, model, npos, inplace), seen
+

@@ -1,0 +1,120 @@
+"""The package's layering: imports go one way, no cycle, no private name across modules, short files, and
+``import numbaopt`` pulls in none of the optional extras."""
+import ast
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "numbaopt")
+
+#: the layers, lowest first: a module may import from its own layer and the ones before it
+LAYERS = ["numbaopt.schedules", "numbaopt.rules", "numbaopt.compiler", "numbaopt.backends", "numbaopt.tree",
+          "numbaopt.api", ("numbaopt.loops", "numbaopt.persist", "numbaopt.docs"), "numbaopt"]
+MAX_LINES = 500
+
+
+def _modules():
+    out = {}
+    for root, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                out[rel[:-9] if rel.endswith(".__init__") else rel] = path
+    return out
+
+
+def _layer(mod):
+    for k, entry in enumerate(LAYERS):
+        names = entry if isinstance(entry, tuple) else (entry,)
+        if any(mod == n or (n != "numbaopt" and mod.startswith(n + ".")) for n in names):
+            return k
+    return len(LAYERS) - 1
+
+
+def _imports(mods):
+    """``{module: {(imported module, name or None), ...}}`` for imports of numbaopt modules (also in functions)."""
+    edges = {}
+    for m, path in mods.items():
+        is_pkg = path.endswith("__init__.py")
+        base = m.split(".") if is_pkg else m.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = base[:len(base) - node.level + 1] + (node.module.split(".") if node.module else [])
+                    target = ".".join(parts)
+                else:
+                    target = node.module or ""
+                if not target.startswith("numbaopt"):
+                    continue
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    found.add((sub, None) if sub in mods else (target, a.name))
+            elif isinstance(node, ast.Import):
+                found |= {(a.name, None) for a in node.names if a.name.startswith("numbaopt")}
+        edges[m] = found
+    return edges
+
+
+def test_imports_go_down_the_layers_without_cycles_or_private_names():
+    mods = _modules()
+    edges = _imports(mods)
+    upward, private = [], []
+    for m, targets in edges.items():
+        for t, name in targets:
+            if t not in mods:
+                continue
+            if t != m and _layer(t) > _layer(m) and not m.startswith(t + "."):
+                upward.append(f"{m} -> {t}")
+            if name and name.startswith("_") and not name.startswith("__") and t != m:
+                private.append(f"{m} <- {t}.{name}")
+    assert not upward, upward
+    assert not private, private
+    graph = {m: {t for t, _ in ts if t in mods and t != m} for m, ts in edges.items()}
+    # a package's __init__ re-exporting its children is no cycle by itself
+    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+    state, cycles = {}, []
+
+    def visit(u, stack):
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                cycles.append(stack[stack.index(v):] + [v])
+            elif not state.get(v):
+                visit(v, stack)
+        stack.pop()
+        state[u] = 2
+
+    for u in sorted(graph):
+        if not state.get(u):
+            visit(u, [])
+    assert not cycles, cycles
+
+
+def test_files_are_short():
+    long = [f"{m} ({sum(1 for _ in open(p))})" for m, p in _modules().items() if sum(1 for _ in open(p)) > MAX_LINES]
+    assert not long, long
+
+
+def test_every_module_imports_alone_and_the_package_needs_no_extras():
+    """Each module imports in a fresh process of its own first (no hidden order dependence), and
+    ``import numbaopt`` imports none of numba.cuda, torch, jax, mpi4py, matplotlib, tqdm."""
+    mods = sorted(m for m in _modules() if not m.startswith("numbaopt.backends.cuda.runtime"))
+    code = ("import subprocess, sys\n"
+            "from concurrent.futures import ThreadPoolExecutor\n"
+            "def run(m):\n"
+            "    r = subprocess.run([sys.executable, '-c', 'import ' + m], capture_output=True, text=True)\n"
+            "    return (m, r.stderr[-300:]) if r.returncode else None\n"
+            "with ThreadPoolExecutor(4) as ex:\n"
+            f"    print([b for b in ex.map(run, {mods!r}) if b])\n"
+            "import numbaopt\n"
+            "print(sorted(n for n in ('numba.cuda', 'torch', 'jax', 'mpi4py', 'matplotlib', 'tqdm') if n in sys.modules))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         check=True).stdout.splitlines()
+    assert out[0] == "[]", out[0]
+    assert out[1] == "[]", out[1]
