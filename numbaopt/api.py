@@ -13,6 +13,7 @@ from .backends.cpu import bind_inplace, step_array
 from .backends.cuda import DeviceGroup, DeviceLeaf, is_device_array, setup_leaf
 from .backends.state import Leaf, adjusted_rule, as_rule, check_param_dtype, status_error
 from .compiler import ChainLayout
+from .compiler.placement import PAGE
 from .tree.manage import adjust_tree, adjust_tree_, update_tree, update_tree_
 from .tree.setup import setup_tree
 
@@ -30,7 +31,8 @@ def setup(rule, model):
         layout = ChainLayout(rule)
         compute = check_param_dtype(model.dtype, "x", layout)
         master = model.astype(compute).reshape(-1) if compute != model.dtype else None
-        return Leaf(rule, model.shape, model.dtype, master=master, layout=layout)
+        anchor = (master if master is not None else model).ctypes.data % PAGE
+        return Leaf(rule, model.shape, model.dtype, master=master, layout=layout, anchor=anchor)
     if is_device_array(model):
         return setup_leaf(rule, model)
     return setup_tree(rule, model)

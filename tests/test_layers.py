@@ -111,7 +111,8 @@ def test_every_module_imports_alone_and_the_package_needs_no_extras():
             "with ThreadPoolExecutor(4) as ex:\n"
             f"    print([b for b in ex.map(run, {mods!r}) if b])\n"
             "import numbaopt\n"
-            "print(sorted(n for n in ('numba.cuda', 'torch', 'jax', 'mpi4py', 'matplotlib', 'tqdm') if n in sys.modules))\n")
+            "extras = ('numba.cuda', 'torch', 'jax', 'mpi4py', 'matplotlib', 'tqdm')\n"
+            "print(sorted(n for n in extras if n in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,

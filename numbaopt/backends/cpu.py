@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from ..compiler.layout import STEPPED
+from . import pool
 from .cuda.arrays import is_device_array
 from .state import Leaf, check_grad, status_error
 
@@ -122,8 +123,8 @@ def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g")):
     master = leaf.master
     if not inplace:
         x1 = master if master is not None else np.ascontiguousarray(x).reshape(-1)
-        xo = np.empty(leaf.size, dtype=leaf.dtype)
-        out = [np.empty_like(a) for a in leaf.arrays]
+        xo = pool.empty(leaf.size, leaf.dtype)
+        out = [pool.empty_like(a) for a in leaf.arrays]
         counters = leaf.counters.copy()
         status = run_outplace(leaf, x1, g1, xo, out, counters, hp)
         if status >= 2:

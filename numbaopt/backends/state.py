@@ -115,7 +115,7 @@ class Leaf:
                  "fast", "__weakref__")
 
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None, master=None,
-                 layout=None):
+                 layout=None, anchor=0):
         self.rule = rule
         self.layout = layout = ChainLayout(rule) if layout is None else layout
         self.shape = tuple(int(n) for n in shape)
@@ -127,7 +127,8 @@ class Leaf:
                     raise TypeError(f"{type(r).__name__} does not support complex parameters (dtype {self.dtype})")
         self.counters = np.array([t, t, 0, skipped], dtype=np.int64) if counters is None else counters
         self.hp = layout.hyper_vector(self.t + 1, int(self.counters[1]) + 1, self.dtype) if hp is None else hp
-        self.arrays = tuple(layout.new_state(self.size, self.dtype) if arrays is None else arrays)
+        # ``anchor``: the parameter's page offset, which the state arrays are placed apart from
+        self.arrays = tuple(layout.new_state(self.size, self.dtype, anchor) if arrays is None else arrays)
         if master is None and self.param_dtype != self.dtype:
             raise ValueError(f"a {self.param_dtype} parameter computed in {self.dtype} needs its master copy")
         self.master = master if self.param_dtype != self.dtype else None

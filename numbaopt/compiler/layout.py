@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rules.base import is_scheduled
+from .placement import empty_staggered, page_offsets
 
 __all__ = ["ChainLayout", "real_dtype", "reduce_ops", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
            "STEPPED", "SKIP", "ACCUMULATED", "RESET", "ERROR_BASE"]
@@ -140,10 +141,16 @@ class ChainLayout:
             out.append(init)
         return out
 
-    def new_state(self, size: int, dtype) -> tuple:
-        """Fresh host state arrays of ``size`` elements for compute dtype ``dtype``."""
-        return tuple(np.full(size, v, dtype=dt) if v != 0 else np.zeros(size, dtype=dt)
-                     for v, dt in zip(self.initial_values(), self.state_dtypes(dtype)))
+    def new_state(self, size: int, dtype, anchor: int = 0) -> tuple:
+        """Fresh host state arrays of ``size`` elements for compute dtype ``dtype``, placed at page offsets apart
+        from each other and from ``anchor`` (the parameter's; see :mod:`.placement`)."""
+        out = []
+        offsets = page_offsets(self.n_state, anchor)
+        for v, dt, off in zip(self.initial_values(), self.state_dtypes(dtype), offsets):
+            a = empty_staggered(size, dt, off)
+            a[...] = v
+            out.append(a)
+        return tuple(out)
 
     def state_names(self) -> list:
         """State names as ``leaf.state`` shows them (``m``, ``v``; ``name_k`` when two members share one)."""

@@ -221,6 +221,7 @@ def _build(header, data) -> StateTree:
         raise ValueError("a leaf belongs to no group")
     if set(data) != expected:
         raise ValueError(f"unexpected arrays {sorted(set(data) ^ expected)}")
+    s.u_compute = [None if s.u_group[u] is None else groups[s.u_group[u]].dtype for u in range(s.n_unique)]
     frozen = np.array([bool(f) for f in header["frozen"]], dtype=np.bool_)
     if frozen.shape != (s.n_unique,):
         raise ValueError("frozen flags do not match the leaves")

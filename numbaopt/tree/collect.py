@@ -57,7 +57,8 @@ def collect(c: TreeCore, model, grads):
     walk_leaves(s.root, grads, "grads", gs, True)
     U = s.n_unique
     xu, iu, gu = [None] * U, [None] * U, [None] * U
-    frozen = c.frozen
+    frozen = c.frozen.tolist()
+    compute_of = s.u_compute
     seen = {}
     for p in s.trained_pos:
         u = s.pos_u[p]
@@ -86,14 +87,12 @@ def collect(c: TreeCore, model, grads):
         g = gs[p]
         if g is None or frozen[u]:  # a frozen leaf's gradient is ignored, as in the fast path
             continue
-        w = where("grads", s.paths[p])
         if info.backend == "cuda":
-            g = check_tree_grad(g, dtype, shape, w, gu[u] is not None)
+            g = check_tree_grad(g, dtype, shape, where("grads", s.paths[p]), gu[u] is not None)
         else:
-            gi = s.u_group[u]
-            compute = c.groups[gi].dtype
+            compute = compute_of[u]
             if not (type(g) is np.ndarray and g.dtype == compute and g.shape == shape):
-                g = _host_grad(g, dtype, shape, compute, w)
+                g = _host_grad(g, dtype, shape, compute, where("grads", s.paths[p]))
             # np.add of 0-d arrays gives a NumPy scalar: keep an ndarray (the kernel reads its header)
             g = g if gu[u] is None else np.asarray(gu[u] + g)
         gu[u] = g

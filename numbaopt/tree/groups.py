@@ -7,6 +7,8 @@ A leaf of another dtype under ``MixedPrecision`` computes on its master copy (``
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..backends.state import Leaf
@@ -20,11 +22,12 @@ class Group:
 
     ``members``: the tree's unit ids in leaf order; ``param_dtypes``: each leaf's parameter dtype;
     ``masters``: per leaf the master copy (flat) or None; ``F``/``P``: scratch tables of the reductions
-    (per-leaf finals and partial sums, float64); ``act``: all ones (every leaf stepped).
+    (per-leaf finals and partial sums, float64); ``act``: all ones (every leaf stepped); ``act_all``: every
+    leaf's index.
     """
 
     __slots__ = ("rule", "dtype", "layout", "arenas", "offsets", "sizes", "C", "hp", "members", "param_dtypes",
-                 "masters", "F", "P", "act", "kern")
+                 "masters", "F", "P", "act", "act_all", "kern")
 
     def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None):
         self.rule, self.dtype, self.members = rule, np.dtype(dtype), list(members)
@@ -47,6 +50,7 @@ class Group:
         self.F = np.zeros((n, self.layout.n_fin), dtype=np.float64)
         self.P = np.zeros((n, self.layout.n_acc), dtype=np.float64)
         self.act = np.ones(n, dtype=np.int64)
+        self.act_all = np.arange(n, dtype=np.int64)
 
     ts = property(lambda self: self.C[0], doc="steps taken, per leaf (a view of the counters)")
     skipped = property(lambda self: self.C[3], doc="steps skipped, per leaf (a view of the counters)")
@@ -97,11 +101,13 @@ class TreeLeaf(Leaf):
     """A :class:`numbaopt.Leaf` view of one leaf of a tree's group: its state arrays are views into the
     group's arenas, and ``t``/``rule``/``hp``/counters are read live from the group (``copy()`` detaches)."""
 
-    __slots__ = ("group", "j", "unit", "core")
+    __slots__ = ("group", "j", "unit", "core_ref")
 
     def __init__(self, group, j, shape, unit=None, tree_core=None):
         o, n = int(group.offsets[j]), int(group.sizes[j])
-        self.group, self.j, self.unit, self.core = group, j, unit, tree_core
+        self.group, self.j, self.unit = group, j, unit
+        # weakly: the tree's core caches its leaf views, and a cycle would outlive the last reference
+        self.core_ref = None if tree_core is None else weakref.ref(tree_core)
         self.shape = tuple(shape)
         self.arrays = tuple(a[o:o + n] for a in group.arenas)
         self.fast = None

@@ -81,10 +81,13 @@ def copy_state(state) -> StateTree:
 
 def _units_of(sub, fname):
     """``(core, units)`` of a state tree, a part of one, or one of its leaves."""
-    if isinstance(sub, TreeLeaf) and sub.core is not None:
-        return sub.core, [sub.unit]
+    if isinstance(sub, TreeLeaf) and sub.core_ref is not None:
+        c = sub.core_ref()
+        if c is None:
+            raise TypeError(f"{fname}: this leaf's state tree is gone")
+        return c, [sub.unit]
     if isinstance(sub, StateNode):
-        return core(sub._tree, fname), sub.units()
+        return sub._core, sub.units()
     if isinstance(sub, DeviceMember):
         raise TypeError(f"{fname}: a device leaf is frozen through the container above it (state['gpu'])")
     raise TypeError(f"{fname}: expected a state tree, a part of one (state.layer) or one of its leaves, "

@@ -134,6 +134,7 @@ def setup_tree(rule, model):
         for j, u in enumerate(members):
             s.u_group[u], s.u_j[u] = len(groups), j
         groups.append(grp)
+    s.u_compute = [None if s.u_group[u] is None else groups[s.u_group[u]].dtype for u in range(s.n_unique)]
     for dom in reduction_domains(groups, device_groups):
         if len(dom) > 1 and any(not isinstance(g, Group) for g in dom):
             raise NotImplementedError(

@@ -24,11 +24,11 @@ class Structure:
     unit trained there, or None), ``pos_param`` (whether it is a parameter at all); ``trained_pos``; per unit
     (a trained array; tied positions share one): ``u_positions``, ``u_shape``, ``u_dtype`` (the parameter's),
     ``u_kind``, ``u_tieable``, ``u_group``/``u_j`` (host group and index in it) or ``u_device``/``u_j`` (device
-    group); ``gather``: the fast path's generated functions.
+    group), ``u_compute`` (the dtype its kernels compute in); ``gather``: the fast path's generated functions.
     """
 
     __slots__ = ("root", "paths", "pos_u", "pos_param", "trained_pos", "n_unique", "u_group", "u_device", "u_j",
-                 "u_shape", "u_dtype", "u_kind", "u_positions", "u_tieable", "gather")
+                 "u_shape", "u_dtype", "u_kind", "u_positions", "u_tieable", "u_compute", "gather")
 
     def __init__(self):
         self.gather = {}
@@ -43,7 +43,7 @@ class TreeCore:
     ``frozen`` (per unit), ``leafcache`` (leaf views) and ``fast`` (the fast path's plan for the model last
     stepped in place, or None)."""
 
-    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast")
+    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "__weakref__")
 
     def __init__(self, structure, groups, device_groups, frozen):
         self.structure, self.groups, self.device_groups, self.frozen = structure, groups, device_groups, frozen
@@ -72,10 +72,12 @@ class StateNode:
     ``node.attr``, ``node['key']``, ``node[0]``. Leaves give a :class:`numbaopt.Leaf` (or ``None`` when
     the leaf is not trained)."""
 
-    __slots__ = ("_tree", "_node", "_path")
+    __slots__ = ("_core", "_node", "_path")
 
-    def __init__(self, tree, node, path=()):
-        object.__setattr__(self, "_tree", tree)
+    def __init__(self, tree_core, node, path=()):
+        # the core, not the StateTree: a state that referred to itself would be freed only by the cyclic
+        # garbage collector, keeping its arenas alive (and out of the pool) after the last reference went
+        object.__setattr__(self, "_core", tree_core)
         object.__setattr__(self, "_node", node)
         object.__setattr__(self, "_path", path)
 
@@ -83,9 +85,9 @@ class StateNode:
         node = self._node.children[i]
         path = self._path + (self._node.entries[i],)
         if node.spec is None:
-            u = self._tree._core.structure.pos_u[node.pos]
-            return None if u is None else self._tree._core.leaf(u)
-        return StateNode(self._tree, node, path)
+            u = self._core.structure.pos_u[node.pos]
+            return None if u is None else self._core.leaf(u)
+        return StateNode(self._core, node, path)
 
     def __getattr__(self, name):
         if name[:1] == "_":  # cheap refusal of probes; a field named _x is reached as state["_x"]
@@ -121,7 +123,7 @@ class StateNode:
 
     def leaves(self):
         """``[(path, Leaf), ...]`` of the trained leaves below this node (a tied leaf once)."""
-        c = self._tree._core
+        c = self._core
         pos_u = c.structure.pos_u
         out, seen = [], set()
 
@@ -140,11 +142,11 @@ class StateNode:
 
     def units(self) -> list:
         """The units (trained arrays) below this node, sorted."""
-        s = self._tree._core.structure
+        s = self._core.structure
         return sorted({s.pos_u[p] for p in range(self._node.lo, self._node.hi) if s.pos_u[p] is not None})
 
     def __repr__(self):
-        return _format(self._tree._core, self._node, self._path)
+        return _format(self._core, self._node, self._path)
 
 
 class StateTree(StateNode):
@@ -154,11 +156,10 @@ class StateTree(StateNode):
     rule names, hyperparameters, step counts and shapes. Made by :func:`numbaopt.setup`.
     """
 
-    __slots__ = ("_core",)
+    __slots__ = ()
 
     def __init__(self, tree_core: TreeCore):
-        super().__init__(self, tree_core.structure.root, ())
-        object.__setattr__(self, "_core", tree_core)
+        super().__init__(tree_core, tree_core.structure.root, ())
 
     def __copy__(self):
         return StateTree(self._core.copy())

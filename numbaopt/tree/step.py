@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from ..backends import abi
+from ..backends import abi, pool
 from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .collect import collect
@@ -104,36 +104,52 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
         if not inplace:
             news.append(grp.copy())
         return []
+    members, masters, dt = grp.members, grp.masters, grp.dtype
     targets, grads = [], []
     for j in active:
-        u = grp.members[j]
-        targets.append(_kernel_x(grp, j, xu[u], iu[u], inplace, posts, u))
+        u = members[j]
+        x, info = xu[u], iu[u]
+        # the common leaf, a plain C-contiguous array of the compute dtype, without a call
+        if (info is ND_WRITEABLE or (info is ND_READONLY and not inplace)) and masters[j] is None \
+                and x.dtype == dt and (x.flags.carray or (not inplace and x.flags.c_contiguous and x.flags.aligned)):
+            targets.append(x)
+        else:
+            targets.append(_kernel_x(grp, j, x, info, inplace, posts, u))
         g = gu[u]
-        if not (g.flags.c_contiguous and g.flags.aligned and g.dtype == grp.dtype and type(g) is np.ndarray):
-            g = np.array(g, dtype=grp.dtype, order="C")
+        if not (type(g) is np.ndarray and g.dtype == dt
+                and (g.flags.carray or (g.flags.c_contiguous and g.flags.aligned))):
+            g = np.array(g, dtype=dt, order="C")
         grads.append(g)
-    js = np.array(active, dtype=np.int64)
-    xaddr, gaddr = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    xaddr[js], gaddr[js] = addresses(targets), addresses(grads)
+    every = len(active) == n
+    js = grp.act_all if every else np.array(active, dtype=np.int64)
+    if every:
+        xaddr, gaddr = addresses(targets), addresses(grads)
+    else:
+        xaddr, gaddr = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        xaddr[js], gaddr[js] = addresses(targets), addresses(grads)
     xoaddr = out = None
     if not inplace:
         outs = []
-        masters = list(grp.masters)
-        for j, _tgt in zip(active, targets):
-            xo = np.empty(grp.sizes[j], dtype=grp.dtype)
-            outs.append(xo)
-            u = grp.members[j]
+        new_masters = list(masters)
+        shapes = c.structure.u_shape
+        for j in active:
+            u = members[j]
             if masters[j] is not None:
-                masters[j] = xo
+                xo = new_masters[j] = pool.empty(grp.sizes[j], dt)
                 posts.append(("newmaster", u, j, xu[u], iu[u], xo))
             else:
+                xo = pool.empty(shapes[u], dt)
                 posts.append(("new", u, j, xu[u], iu[u], xo, None))
-        for j, m in enumerate(masters):
-            if m is not None and m is grp.masters[j]:
-                masters[j] = m.copy()  # a leaf not stepped: its master copied into the new state
-        xoaddr = np.zeros(n, dtype=np.int64)
-        xoaddr[js] = addresses(outs)
-        new = grp.derive([np.empty_like(a) for a in grp.arenas], grp.C.copy(), masters)
+            outs.append(xo)
+        for j, m in enumerate(new_masters):
+            if m is not None and m is masters[j]:
+                new_masters[j] = m.copy()  # a leaf not stepped: its master copied into the new state
+        if every:
+            xoaddr = addresses(outs)
+        else:
+            xoaddr = np.zeros(n, dtype=np.int64)
+            xoaddr[js] = addresses(outs)
+        new = grp.derive([pool.empty_like(a) for a in grp.arenas], grp.C.copy(), new_masters)
         news.append(new)
         out = (new.arenas, new.C)
     keep = (targets, grads)  # alive until the kernels ran: the addresses point into them
@@ -145,8 +161,11 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
     runs = []
     for k, key in enumerate(keys):
         if key is None:
-            act = np.zeros(n, dtype=np.int64)
-            act[js] = 1
+            if every:
+                act = grp.act  # all ones
+            else:
+                act = np.zeros(n, dtype=np.int64)
+                act[js] = 1
             hp = grp.hp
         else:
             sel = [j for j in active if (int(grp.C[0, j]), int(grp.C[1, j])) == key]
@@ -341,9 +360,11 @@ def _finish(c, posts, inplace) -> dict:
             new[u] = post[3]
         elif kind == "new":
             _, _, j, x, info, t, t0 = post
-            grp = c.groups[c.structure.u_group[u]]
+            grp = c.groups[c.structure.u_group[u]] if t0 is not None else None
             if t0 is None or grp.C[0, j] != t0:
-                new[u] = info.from_array(t.reshape(c.structure.u_shape[u]), x)
+                shape = c.structure.u_shape[u]
+                t = t if t.shape == shape else t.reshape(shape)
+                new[u] = t if info is ND_WRITEABLE else info.from_array(t, x)
         elif kind == "newmaster":
             _, _, j, x, info, xo = post
             new[u] = info.from_array(xo.astype(c.structure.u_dtype[u]).reshape(c.structure.u_shape[u]), x)

@@ -108,7 +108,10 @@ def walk_leaves(node, obj, prefix, out, none_ok: bool, path=()):
             if len(vals) != len(node.entries):
                 raise ValueError(f"{where(prefix, path)}: {len(vals)} children, expected {len(node.entries)}")
         for v, e, child in zip(vals, node.entries, node.children):
-            if child.trained:
+            if child.spec is None:  # a leaf: no call (a flat list of 1000 leaves is the common case)
+                if child.trained:
+                    out[child.pos] = v
+            elif child.trained:
                 walk_leaves(child, v, prefix, out, none_ok, path + (e,))
         return
     items = obj if isinstance(obj, dict) else spec.children(obj)
@@ -164,7 +167,8 @@ def rebuild(node, obj, new: dict, inplace: bool, memo: dict | None = None):
         vals = list(obj)
     else:
         vals = [v for _, v in spec.children(obj)]
-    newvals = [rebuild(c, v, new, inplace, memo) for c, v in zip(node.children, vals)]
+    newvals = [new.get(c.pos, v) if c.spec is None else rebuild(c, v, new, inplace, memo)
+               for c, v in zip(node.children, vals)]
     if inplace and spec.setitem is not None:
         for e, v, nv in zip(node.entries, vals, newvals):
             if nv is not v:
