@@ -482,3 +482,38 @@ def test_group_adjust():
         np.testing.assert_allclose(_host(a), x - 0.25 * g, rtol=1e-6)
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         no.adjust_(grp, beta=0.1)
+
+
+@pytest.mark.parametrize("bad", ["cpu", "gpu", "gpu-late"])
+def test_a_refusal_on_either_side_of_the_bus_changes_nothing(bad):
+    """A tree of host and device leaves under chain(ClipNorm, Adam): one host group, one device group. An
+    inf in either side's gradient refuses the step before either side writes; with the device leaves at two
+    step counts (one launch per count, reduced during the commit) the device copy is restored."""
+    rule = no.chain(no.ClipNorm(1.0), no.Adam(0.1))
+    model = {"cpu": np.ones(5, np.float32), "gpu": [_dev(np.ones(4, np.float32)), _dev(np.ones(3, np.float32))]}
+    state = no.setup(rule, model)
+
+    def grads(inf_at=None):
+        g = {"cpu": np.ones(5, np.float32), "gpu": [_dev(np.ones(4, np.float32)), _dev(np.ones(3, np.float32))]}
+        if inf_at == "cpu":
+            g["cpu"][2] = np.inf
+        elif inf_at == "gpu":
+            h = np.ones(3, np.float32)
+            h[1] = np.inf
+            g["gpu"][1] = _dev(h)
+        return g
+
+    state, model = no.update_(state, model, grads())
+    if bad == "gpu-late":  # leaf gpu[0] steps once more: the device leaves are at two step counts
+        g = grads()
+        g["gpu"][1] = None
+        state, model = no.update_(state, model, g)
+    snap = ([model["cpu"].tobytes()] + [_host(a).tobytes() for a in model["gpu"]]
+            + [_host(a).tobytes() for a in state["gpu"][0].group.arenas]
+            + [state["gpu"][0].group.ts.tobytes(), state["cpu"].counters.tobytes()])
+    with pytest.raises(ValueError, match="not finite"):
+        no.update_(state, model, grads("cpu" if bad == "cpu" else "gpu"))
+    after = ([model["cpu"].tobytes()] + [_host(a).tobytes() for a in model["gpu"]]
+             + [_host(a).tobytes() for a in state["gpu"][0].group.arenas]
+             + [state["gpu"][0].group.ts.tobytes(), state["cpu"].counters.tobytes()])
+    assert after == snap
