@@ -40,27 +40,11 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 import numbaopt as no  # noqa: E402
+from compare import adam_hand as adam_inplace  # noqa: E402  (the in-place yardstick of make bench-compare)
+from tree_compare import resnet18_shapes  # noqa: E402
 
 F32 = np.float32
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
-
-
-@njit(error_model="numpy", nogil=True)
-def adam_inplace(x, g, m, v, t, lr, beta1, beta2, eps):
-    """Hand-written fused in-place Adam (float32 literals, bias corrections as numbaopt computes them; the
-    hyperparameters are runtime arguments, as in any optimiser that lets one change them)."""
-    f = np.float32
-    lr, b1, b2, eps = f(lr), f(beta1), f(beta2), f(eps)
-    bc1 = -math.expm1(f(t) * math.log(b1))
-    bc2 = -math.expm1(f(t) * math.log(b2))
-    c1, c2 = f(1) - b1, f(1) - b2
-    for i in range(x.shape[0]):
-        gi = g[i]
-        mi = b1 * m[i] + c1 * gi
-        vi = b2 * v[i] + c2 * (gi * gi)
-        m[i] = mi
-        v[i] = vi
-        x[i] = x[i] - lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
 
 
 @njit(error_model="numpy", nogil=True)
@@ -78,21 +62,6 @@ def adam_outplace(x, g, m, v, xo, mo, vo, t, lr, beta1, beta2, eps):
         mo[i] = mi
         vo[i] = vi
         xo[i] = x[i] - lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
-
-
-def resnet18_shapes():
-    """The 62 parameter shapes of torchvision's ResNet-18 (11,689,512 parameters)."""
-    shapes = [(64, 3, 7, 7), (64,), (64,)]
-    cin = 64
-    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        for block in range(2):
-            c_in = cin if block == 0 else cout
-            shapes += [(cout, c_in, 3, 3), (cout,), (cout,), (cout, cout, 3, 3), (cout,), (cout,)]
-            if block == 0 and (stride != 1 or c_in != cout):
-                shapes += [(cout, c_in, 1, 1), (cout,), (cout,)]
-        cin = cout
-    shapes += [(1000, 512), (1000,)]
-    return shapes
 
 
 @dataclasses.dataclass
@@ -173,7 +142,7 @@ def inplace_case(name, shapes, container, number, rounds):
         tcount[0] += 1
         t = tcount[0]
         for x, g, m, v in zip(hxf, hgf, hm, hv):
-            adam_inplace(x, g, m, v, t, LR, B1, B2, EPS)
+            adam_inplace(x, g, m, v, LR, B1, B2, EPS, t)
 
     med = interleaved({"update_": ours, "hand": hand}, number, rounds)
     return {"case": name, "kind": "update_", "ours_us": med["update_"] * 1e6, "hand_us": med["hand"] * 1e6,

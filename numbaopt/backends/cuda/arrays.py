@@ -13,7 +13,8 @@ from ..state import check_param_dtype
 
 __all__ = ["INSTALL_HINT", "runtime", "cuda_available", "is_device_array", "kind", "info", "facts", "flat",
            "torch_ptr", "table_stale", "host_side_error", "host_grad_error", "empty_like", "device_state",
-           "device_copies", "blocks", "Scratch", "decode", "run_reductions", "check_tree_grad", "check_device_param"]
+           "device_copies", "blocks", "Scratch", "decode", "run_reductions", "check_tree_grad", "check_device_param",
+           "check_device_grad"]
 
 INSTALL_HINT = ("device arrays need the optional CUDA backend: pip install numbaopt[cuda] "
                 "(numba-cuda with the CUDA 12 toolkit wheels)")
@@ -244,20 +245,29 @@ def check_device_param(x, where, write=True):
     check_param_dtype(dtype, where)
 
 
-def check_tree_grad(g, dtype, shape, where, tied=False):
-    """Check the gradient of a device leaf of a tree (``where`` names its path); returns it unchanged."""
+def check_device_grad(g, dtype, shape, where, param="a device parameter"):
+    """The one check of a gradient for a device parameter (``where`` names it): a device array of the
+    parameter's shape and dtype (not cast: that would need a hidden copy). Returns ``(array to launch
+    with, device address)``."""
     if not is_device_array(g):
         if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
-            raise host_side_error(where, g, "a device leaf")
-        raise TypeError(f"{where}: expected a device array (or None), got {type(g).__name__}")
-    if tied:
-        raise NotImplementedError(f"{where}: a device array that appears twice in the model (tied); the "
-                                  "CUDA backend does not sum tied gradients yet")
-    _, gshape, gdtype, _ = info(g, where, write=False)
+            raise host_side_error(where, g, param)
+        raise TypeError(f"{where}: expected a device array for the GPU parameter (or None), got {type(g).__name__}")
+    src, gshape, gdtype, addr = info(g, where, write=False)
     if tuple(gshape) != tuple(shape):
         raise ValueError(f"{where}: shape {tuple(gshape)}, expected {tuple(shape)}")
     if gdtype != dtype:
-        raise TypeError(f"{where}: dtype {gdtype}, expected {dtype} (gradients are not cast on the GPU)")
+        raise TypeError(f"{where}: dtype {gdtype}, expected {dtype} (on the GPU gradients are not cast: that "
+                        "would need a hidden copy)")
+    return src, addr
+
+
+def check_tree_grad(g, dtype, shape, where, tied=False):
+    """Check the gradient of a device leaf of a tree (``where`` names its path); returns it unchanged."""
+    if tied:
+        raise NotImplementedError(f"{where}: a device array that appears twice in the model (tied); the "
+                                  "CUDA backend does not sum tied gradients yet")
+    check_device_grad(g, dtype, shape, where, "a device leaf")
     return g
 
 

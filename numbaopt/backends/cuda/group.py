@@ -12,7 +12,7 @@ import numpy as np
 
 from ...compiler import ChainLayout
 from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, raise_status
-from .arrays import (Scratch, decode, device_copies, device_state, empty_like, flat, host_side_error, info,
+from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, table_stale)
 from .leaf import check_device_rule
 
@@ -128,11 +128,12 @@ class DeviceGroup:
         addr = np.zeros(len(objs), dtype=np.int64)
         for i in (range(len(objs)) if leaves is None else leaves):
             o = objs[i]
+            if what == "grads":
+                addr[i] = check_device_grad(o, self.dtype, self.shapes[i], f"grads[{i}]", "device parameters")[1]
+                continue
             if not is_device_array(o):
-                if what == "grads" and (isinstance(o, np.ndarray) or hasattr(o, "__array__")):
-                    raise host_side_error(f"grads[{i}]", o, "device parameters")
                 raise TypeError(f"{what}[{i}]: expected a device array, got {type(o).__name__}")
-            _, shape, dt, a = info(o, f"{what}[{i}]", write=what != "grads")
+            _, shape, dt, a = info(o, f"{what}[{i}]")
             if tuple(shape) != self.shapes[i]:
                 raise ValueError(f"{what}[{i}]: shape {tuple(shape)}, expected {self.shapes[i]}")
             if dt != self.dtype:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..state import Leaf, as_rule, check_param_dtype, raise_status
-from .arrays import (Scratch, blocks, decode, device_copies, device_state, empty_like, flat, host_side_error, info,
+from .arrays import (Scratch, blocks, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, torch_ptr)
 
 __all__ = ["DeviceLeaf", "setup_leaf", "check_device_rule"]
@@ -97,16 +97,7 @@ class DeviceLeaf(Leaf):
             x1 = flat(xs, self.size)
             # a torch tensor can swap its storage under the same object (p.data = ...): recheck its address
             self.xcache = (x, x1, addr if kind(x) == "torch" else None)
-        if not is_device_array(g):
-            if isinstance(g, np.ndarray) or hasattr(g, "__array__"):
-                raise host_side_error("g", g, type(x).__name__)
-            raise TypeError(f"g: expected a device array for the GPU parameter, got {type(g).__name__}")
-        gs, gshape, gdtype, _ = info(g, "g", write=False)
-        if tuple(gshape) != self.shape:
-            raise ValueError(f"g: shape {tuple(gshape)}, expected {self.shape}")
-        if gdtype != self.dtype:
-            raise TypeError(f"g: dtype {gdtype}, expected {self.dtype} (on the GPU gradients are not cast: "
-                            "that would need a hidden copy)")
+        gs, _ = check_device_grad(g, self.dtype, self.shape, "g", type(x).__name__)
         return x1, flat(gs, self.size)
 
     def _run(self, x1, g1, hp, outputs=None):
