@@ -173,7 +173,7 @@ class FastPlan:
             if t.min() != t.max() or tp.min() != tp.max():
                 return False
             try:
-                run.hp = run.grp.hp_at(int(t[0]) + 1, int(tp[0]) + 1)
+                run.set_hp(run.grp.hp_at(int(t[0]) + 1, int(tp[0]) + 1))
             except (TypeError, ValueError):
                 return False  # the general path raises it, naming the leaf
         execute(c.structure, self.order)

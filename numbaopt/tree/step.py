@@ -49,13 +49,26 @@ class Run:
     ``xaddr``/``gaddr``/``xoaddr`` (per leaf, 0 where not stepped), ``hp``, the scratch tables ``F``/``P``,
     ``out`` = (new arenas, new counters) of a pure step, ``checked`` once its reductions ran."""
 
-    __slots__ = ("grp", "act", "xaddr", "gaddr", "xoaddr", "hp", "F", "P", "out", "checked")
+    __slots__ = ("grp", "act", "xaddr", "gaddr", "xoaddr", "hp", "F", "P", "out", "checked", "fused")
 
     def __init__(self, grp, act, xaddr, gaddr, hp, F=None, P=None, xoaddr=None, out=None):
         self.grp, self.act, self.xaddr, self.gaddr, self.hp = grp, act, xaddr, gaddr, hp
         self.F = grp.F if F is None else F
         self.P = grp.P if P is None else P
         self.xoaddr, self.out, self.checked = xoaddr, out, False
+        self.fused = None  # (kernel, arguments) of the one-call commit, made on first use
+
+    def set_hp(self, hp) -> None:
+        """New hyperparameters for this run (a schedule's values of the next step)."""
+        self.hp, self.fused = hp, None
+
+    def fused_call(self):
+        """``(kernel, arguments)`` of the fused one-call commit (kept: a fast plan reuses its runs)."""
+        f = self.fused
+        if f is None:
+            mod = self.grp.mod
+            f = self.fused = (mod.multi if self.out is None else mod.multi_out, self.args(False) + (self.P,))
+        return f
 
     def args(self, reduce: bool) -> tuple:
         g = self.grp
@@ -283,19 +296,25 @@ def _domains(runs) -> list:
 
 
 def _commit(s, run):
-    mod = run.grp.mod
     if run.checked:
+        mod = run.grp.mod
         (mod.apply if run.out is None else mod.apply_out)(*run.args(False))
         return
-    status = (mod.multi if run.out is None else mod.multi_out)(*run.args(False), run.P)
+    kernel, args = run.fused_call()
+    status = kernel(*args)
     if status:
         raise _refusal(s, run, status - ERROR_BASE)
+
+
+def _commit_first(s, run):
+    run.checked = False
+    _commit(s, run)
 
 
 class Order:
     """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own."""
 
-    __slots__ = ("runs", "domains", "risky", "first")
+    __slots__ = ("runs", "domains", "risky", "first", "simple")
 
     def __init__(self, runs, may_defer: bool = True):
         self.runs = runs
@@ -304,10 +323,23 @@ class Order:
         risky = [r for r in runs if id(r) not in phased and r.grp.layout.refusing()]
         self.first = risky.pop(0) if risky and may_defer else None
         self.risky = risky
+        #: nothing to check ahead: at most one run can refuse, and it goes first (fast plans use this)
+        self.simple = not self.domains and not risky
 
 
 def execute(s, order: Order, devices=()) -> None:
     """Check, then commit, the runs and device steps of one tree step (see the module docstring)."""
+    if order.simple and not devices:
+        first = order.first
+        if first is not None:
+            _commit_first(s, first)
+        for run in order.runs:
+            if run is not first:
+                kernel, args = run.fused_call()
+                kernel(*args)  # cannot refuse: no run but the first has a refusing reduction
+            if run.out is None and run.hp is not run.grp.hp:
+                run.grp.hp[:] = run.hp
+        return
     for run in order.runs:
         run.checked = False
     for dom in order.domains:
