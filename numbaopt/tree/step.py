@@ -198,7 +198,8 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
 
 
 def plan(c: TreeCore, model, grads, inplace: bool):
-    """Check the leaves and make the runs: ``(runs, devices, posts, news, keep)``."""
+    """Check the leaves and make the runs: ``(runs, devices, posts, (new groups, new device groups), keep,
+    (xu, iu))``; ``keep`` holds the temporaries the runs' addresses point into."""
     xu, iu, gu = collect(c, model, grads)
     posts, news, keep = [], [], []
     runs = []
