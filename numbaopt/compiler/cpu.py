@@ -215,12 +215,17 @@ def _skipped_before(layout, r, ind) -> list:
     return out
 
 
+#: the phases of a reduction are inlined into ``reductions`` (one compilation instead of five functions'
+#: each, ~0.3 s apiece when cold); the tree pipeline also calls them one by one across groups
+_PHASE = '@njit(inline="always", cache=True, **_NJ)'
+
+
 def _reduce_phase(layout, r) -> list:
     A = [f"A{k}" for k in range(layout.n_state)]
     ops = reduce_ops(layout.rules[r])
     c0, flag = layout.acc_cols[r], layout.acc_cols[r] + len(ops)
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
-    L = ["@njit(cache=True, **_NJ)", f"def partial_{r}({args}):",
+    L = [_PHASE, f"def partial_{r}({args}):",
          "    for j in range(sizes.shape[0]):"]
     L += [f"        P[j, {c0 + c}] = {_identity(op)}" for c, op in enumerate(ops)] + [f"        P[j, {flag}] = 0.0"]
     L += ["        if act[j] != 1:", "            continue"] + _skipped_before(layout, r, "        ")
@@ -230,21 +235,21 @@ def _reduce_phase(layout, r) -> list:
     L += finals_lines(layout, [q for q in layout.reducers if q < r], "        ", _fin_src(layout))
     L += _lane_reduction(layout, r, "        ")
     L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(len(ops))] + [f"        P[j, {flag}] = 1.0"]
-    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def combine_{r}(P, tot):",
+    L += ["    return 0", "", "", _PHASE, f"def combine_{r}(P, tot):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
     for c, op in enumerate(ops):
         L.append(f"            tot[{c}] = tot[{c}] + P[j, {c0 + c}]" if op == "sum"
                  else f"            tot[{c}] = max(tot[{c}], P[j, {c0 + c}])")
     fins = type(layout.rules[r]).finals
     nf, f0 = len(fins), layout.fin_cols[r]
-    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def finish_row_{r}(tot, hp, row):",
+    L += ["    return 0", "", "", _PHASE, f"def finish_row_{r}(tot, hp, row):",
           f"    {', '.join(f'v{m}' for m in range(nf))}, = "
           f"{finish_call(layout, r, [f'tot[{c}]' for c in range(len(ops))])}"]
     L += [f"    row[{m}] = v{m}" for m in range(nf)]
-    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def put_finals_{r}(row, P, F):",
+    L += ["    return 0", "", "", _PHASE, f"def put_finals_{r}(row, P, F):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
     L += [f"            F[j, {f0 + m}] = row[{m}]" for m in range(nf)]
-    L += ["    return 0", "", "", "@njit(cache=True, **_NJ)", f"def finish_leaves_{r}(P, hp, F):",
+    L += ["    return 0", "", "", _PHASE, f"def finish_leaves_{r}(P, hp, F):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:",
           f"            {', '.join(f'v{m}' for m in range(nf))}, = "
           f"{finish_call(layout, r, [f'P[j, {c0 + c}]' for c in range(len(ops))])}"]
@@ -285,7 +290,11 @@ def _apply(layout, outplace: bool) -> list:
     if outplace:
         L += ["        if act[j] == 2:", "            continue", "        if act[j] == 0:"]
         L += _head(layout, "            ", views=False)
-        L += [f"            B{k}[o:o + n] = A{k}[o:o + n]" for k in range(layout.n_state)] + ["            continue"]
+        # element loops, not slice assignment: Numba compiles a slice copy into seconds of array machinery
+        if layout.n_state:
+            L += ["            for i in range(o, o + n):"]
+            L += [f"                B{k}[i] = A{k}[i]" for k in range(layout.n_state)]
+        L += ["            continue"]
     else:
         L += ["        if act[j] != 1:", "            continue"]
     L += _head(layout, "        ", out=outplace) + load_lines(layout, "        ", "t", "tp")
