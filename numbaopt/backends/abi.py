@@ -3,7 +3,7 @@
 ``x.ctypes.data`` or ``x.__array_interface__`` costs microseconds per array, too slow for a tree of
 1000 leaves; ``id(x)`` costs ~30 ns. On CPython with NumPy, ``id(x)`` is the address of the
 ``PyArrayObject`` whose header holds the data pointer, ``nd``, the dimensions, the descriptor and the
-flags. :func:`gather` reads those for many arrays in one compiled call, validates them (type, shape,
+flags. :func:`gather_lists` reads those for many arrays in one compiled call, validates them (type, shape,
 C-contiguity, alignment, writeability, dtype) and returns the data addresses.
 
 The layout is verified at import against ``x.ctypes.data``/``x.shape``/``x.flags`` for a few arrays
@@ -20,7 +20,7 @@ from numba import njit
 
 from ..compiler.intrinsics import load_i32, load_i64
 
-__all__ = ["OK", "gather", "gather_lists", "data_pointers", "ARRAY_TYPE"]
+__all__ = ["OK", "gather_lists", "data_pointers", "ARRAY_TYPE"]
 
 #: ``id(np.ndarray)``: what the header of an exact ndarray points to
 ARRAY_TYPE = id(np.ndarray)
@@ -71,40 +71,8 @@ def _verify() -> bool:
         return False
 
 
-#: whether the header layout was verified on this interpreter (else the engine never calls gather)
+#: whether the header layout was verified on this interpreter (else the trees never take the fast path)
 OK = _verify()
-
-
-@njit(cache=True, error_model="numpy", nogil=True)
-def gather(ids, writeable, ndims, dimstart, dims, descrs, arraytype, out):
-    """Validate the arrays at addresses ``ids`` and store their data pointers in ``out``.
-
-    Leaf ``j`` must be an exact ``np.ndarray`` (``ob_type == arraytype``), with ``ndims[j]`` dimensions
-    equal to ``dims[dimstart[j]:]``, C-contiguous, aligned, writeable when ``writeable[j]``, and with
-    the descriptor object ``descrs[j]``. Returns -1, or the first index that fails (nothing is
-    guaranteed about ``out`` then).
-    """
-    for j in range(ids.shape[0]):
-        a = ids[j]
-        if load_i64(a + 8) != arraytype:
-            return j
-        nd = load_i32(a + 24)
-        if nd != ndims[j]:
-            return j
-        dp = load_i64(a + 32)
-        s = dimstart[j]
-        for k in range(nd):
-            if load_i64(dp + 8 * k) != dims[s + k]:
-                return j
-        fl = load_i32(a + 64)
-        if (fl & 0x101) != 0x101:
-            return j
-        if writeable[j] and (fl & 0x400) == 0:
-            return j
-        if load_i64(a + 56) != descrs[j]:
-            return j
-        out[j] = load_i64(a + 16)
-    return -1
 
 
 @njit(cache=True, error_model="numpy")
@@ -114,8 +82,9 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
     ``plist``/``glist`` are ``id()`` of two lists of ``n = tab.shape[0]`` objects; their item pointers
     are read directly (no Python ints are made). Row ``j`` of ``tab`` is ``(pid, writeable, ndim,
     dimstart, descr, dest)``: parameter ``j`` must be the object ``pid`` (the one seen when the plan was
-    made); both leaves must pass the checks of :func:`gather` with shape ``dims[dimstart:dimstart +
-    ndim]``. Data pointers go to ``out[0, dest]`` and ``out[1, dest]``. Returns -1, ``j`` for a failed
+    made); both leaves must be exact ndarrays, C-contiguous and aligned (the parameter writeable when
+    ``writeable``), with the descriptor ``descr`` and shape ``dims[dimstart:dimstart + ndim]``. Data
+    pointers go to ``out[0, dest]`` and ``out[1, dest]``. Returns -1, ``j`` for a failed
     leaf, or ``n`` when a list has the wrong length. Packed arguments: each array argument costs
     dispatch time. Runs with the GIL held, so the lists cannot change during the call.
     """
