@@ -173,26 +173,23 @@ class Leaf:
         return self.derive(arrays=[a.copy() for a in self.arrays], counters=self.counters.copy(),
                            master=None if self.master is None else self.master.copy())
 
-    def derive(self, arrays, counters, master=None, rule=None) -> Leaf:
+    def derive(self, arrays, counters, master=None) -> Leaf:
         """A new state of this type with the given arrays, counters and master (nothing else copied but
-        ``hp``); ``rule`` replaces the rule (same options: the kernels stay)."""
+        ``hp``)."""
         new = object.__new__(type(self))
         for cls in type(self).__mro__:
             for slot in getattr(cls, "__slots__", ()):
                 if slot != "__weakref__" and hasattr(self, slot):
                     setattr(new, slot, getattr(self, slot))
         new.arrays, new.counters, new.master, new.fast = tuple(arrays), counters, master, None
-        if rule is None:
-            new.hp = self.hp.copy()
-        else:
-            new.rule, new.layout = rule, ChainLayout(rule)
-            new.hp = new.layout.hyper_vector(int(counters[0]) + 1, int(counters[1]) + 1, self.dtype)
+        new.hp = self.hp.copy()
         return new
 
     def with_rule(self, rule) -> Leaf:
-        """The same state under a rule with other hyperparameters (same options): a new Leaf."""
-        return self.derive(arrays=[a.copy() for a in self.arrays], counters=self.counters.copy(),
-                           master=None if self.master is None else self.master.copy(), rule=rule)
+        """The same state under a rule with other hyperparameters (same options): a new state."""
+        new = self.copy()
+        new.set_rule_(rule)
+        return new
 
     def set_rule_(self, rule) -> None:
         """Switch to ``rule`` (same options) in place: ``hp`` is rewritten in place, so compiled callers
@@ -201,6 +198,13 @@ class Leaf:
         hp = layout.hyper_vector(self.t + 1, int(self.counters[1]) + 1, self.dtype)
         self.rule, self.layout = rule, layout
         self.hp[:] = hp
+
+    def count_status(self, status: int) -> None:
+        """Advance the counters after a single-array step that kept them on the host (status 0: stepped,
+        1: skipped)."""
+        self.counters[3 if status == 1 else 0] += 1
+        if status == 0:
+            self.counters[1] += 1
 
     def __repr__(self):
         shape = "×".join(map(str, self.shape)) or "scalar"

@@ -53,6 +53,8 @@ class Group:
         self.act_all = np.arange(n, dtype=np.int64)
 
     ts = property(lambda self: self.C[0], doc="steps taken, per leaf (a view of the counters)")
+    t = property(lambda self: int(self.C[0].max()) if len(self.members) else 0,
+                 doc="steps taken (the largest per-leaf count)")
     skipped = property(lambda self: self.C[3], doc="steps skipped, per leaf (a view of the counters)")
 
     @property

@@ -48,8 +48,7 @@ def _plan_adjust(c, hyper: dict):
         if not kw:
             continue
         rule = adjusted_rule(g.rule, kw)
-        t = int(g.C[0].max()) if hasattr(g, "C") and g.C.shape[1] else int(getattr(g, "t", 0))
-        hp = ChainLayout(rule).hyper_vector(t + 1, t + 1, g.dtype)  # a schedule out of its domain raises here
+        hp = ChainLayout(rule).hyper_vector(g.t + 1, g.t + 1, g.dtype)  # a schedule out of its domain raises here
         out.append((g, rule, hp))
     return out
 
@@ -59,10 +58,7 @@ def adjust_tree_(state, **hyper):
     c = core(state, "adjust_")
     changes = _plan_adjust(c, hyper)
     for g, rule, hp in changes:  # nothing below can fail
-        if hasattr(g, "C"):
-            g.set_rule_(rule, hp)
-        else:
-            g.set_rule_(rule)
+        g.set_rule_(rule, hp)
     c.fast = None
     return state
 

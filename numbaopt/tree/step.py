@@ -307,11 +307,6 @@ def _commit(s, run):
         raise _refusal(s, run, status - ERROR_BASE)
 
 
-def _commit_first(s, run):
-    run.checked = False
-    _commit(s, run)
-
-
 class Order:
     """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own."""
 
@@ -333,13 +328,12 @@ def execute(s, order: Order, devices=()) -> None:
     if order.simple and not devices:
         first = order.first
         if first is not None:
-            _commit_first(s, first)
+            _commit(s, first)  # refuses, if it does, before it writes
         for run in order.runs:
             if run is not first:
                 kernel, args = run.fused_call()
                 kernel(*args)  # cannot refuse: no run but the first has a refusing reduction
-            if run.out is None and run.hp is not run.grp.hp:
-                run.grp.hp[:] = run.hp
+        _keep_hp(order.runs)
         return
     for run in order.runs:
         run.checked = False
@@ -373,7 +367,12 @@ def execute(s, order: Order, devices=()) -> None:
     for dg, p in preps:
         if not p.undo_needed:
             dg.commit(p)
-    for run in order.runs:  # a schedule's values of this step, as the leaf views show them
+    _keep_hp(order.runs)
+
+
+def _keep_hp(runs):
+    """A schedule's values of this step into the groups stepped in place, as their leaf views show them."""
+    for run in runs:
         if run.out is None and run.hp is not run.grp.hp:
             run.grp.hp[:] = run.hp
 

@@ -280,10 +280,12 @@ class DeviceGroup:
         new._params = new._grads = None  # the caller's arrays now: do not keep their addresses
         return new, outs
 
-    def set_rule_(self, rule) -> None:
-        """Switch to ``rule`` (same options) in place; checks everything before changing anything."""
+    def set_rule_(self, rule, hp=None) -> None:
+        """Switch to ``rule`` (same options) in place, with its checked hyperparameters ``hp`` (computed
+        here when not given); checks everything before changing anything."""
         layout = ChainLayout(rule)
-        hp = layout.hyper_vector(self.t + 1, self.t + 1, self.dtype)
+        if hp is None:
+            hp = layout.hyper_vector(self.t + 1, self.t + 1, self.dtype)
         self.rule, self.layout = rule, layout
         self.hp[:] = hp
 

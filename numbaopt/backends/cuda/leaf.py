@@ -57,11 +57,6 @@ class DeviceLeaf(Leaf):
         return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=device_copies(self.arrays),
                           hp=self.hp.copy(), counters=self.counters.copy())
 
-    def with_rule(self, rule) -> DeviceLeaf:
-        new = self.copy()
-        new.set_rule_(rule)
-        return new
-
     def to_host(self) -> Leaf:
         """A host :class:`numbaopt.Leaf` with the same state (copied to host memory)."""
         return Leaf(self.rule, self.shape, self.dtype, arrays=[a.copy_to_host() for a in self.arrays],
@@ -131,9 +126,7 @@ class DeviceLeaf(Leaf):
             status = self._run(x1, g1, hp)
             raise_status(self.rule, status)
             self.hp[:] = hp
-            self.counters[3 if status == 1 else 0] += 1
-            if status == 0:
-                self.counters[1] += 1
+            self.count_status(status)
             return self, model
         from numba import cuda
         # the new state reads this state's arrays (shared, never written) and owns the kernel's outputs
@@ -150,9 +143,7 @@ class DeviceLeaf(Leaf):
             xo.copy_to_device(x1)
         new.arrays = tuple(outs)
         new.hp[:] = hp
-        new.counters[3 if status == 1 else 0] += 1
-        if status == 0:
-            new.counters[1] += 1
+        new.count_status(status)
         return new, xo_obj
 
 
