@@ -16,7 +16,7 @@ from .backends.cpu import parallel_threshold, set_parallel_threshold
 from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available, is_device_array, setup_device_group
 from .backends.state import Leaf
 from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
-from .persist import DeviceUnavailable, load, save
+from .persist import CheckpointError, DeviceUnavailable, load, save
 from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, Chain, ClipGlobalNorm,
                     ClipGrad, ClipNorm, Descent, LAMB, LAMBDirection, LARS, Lion, Lookahead, LookaheadSync,
                     MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard, OAdam, RAdam, RMSProp, Rprop, Rule,
@@ -46,7 +46,7 @@ __all__ = [
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
     "param_info", "freeze_", "thaw_", "destructure",
     # persistence
-    "save", "load", "DeviceUnavailable",
+    "save", "load", "DeviceUnavailable", "CheckpointError",
     # compiled loops
     "minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult",
     # the GPU (optional: numbaopt[cuda])

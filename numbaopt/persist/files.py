@@ -9,11 +9,17 @@ import zipfile
 
 import numpy as np
 
-__all__ = ["FORMAT", "VERSION", "write", "read"]
+__all__ = ["FORMAT", "VERSION", "CheckpointError", "write", "read"]
 
 FORMAT = "numbaopt-tree-state"
 #: 2: step counters per leaf (t, tp, count, skipped), stages as chain members, master copies in groups
 VERSION = 2
+
+
+class CheckpointError(ValueError):
+    """A file that ``load`` refuses: not a numbaopt state file, damaged (zip, header, arrays), crafted
+    (sizes or counters outside their limits) or inconsistent with itself. Nothing is allocated or
+    imported on the strength of an unchecked header."""
 
 
 def write(path, header: dict, arrays: dict) -> None:
