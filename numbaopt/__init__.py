@@ -14,7 +14,7 @@ from . import schedules
 from .api import JitStep, adjust, adjust_, jit_step, setup, update, update_
 from .backends.cpu import parallel_threshold, set_parallel_threshold
 from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available, is_device_array, setup_device_group
-from .backends.state import Leaf
+from .backends.state import Leaf, StateInUseError
 from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
 from .persist import CheckpointError, DeviceUnavailable, load, save
 from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, Chain, ClipGlobalNorm,
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # the step API
-    "setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Leaf",
+    "setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Leaf", "StateInUseError",
     "parallel_threshold", "set_parallel_threshold",
     # defining and composing rules
     "Rule", "hyper", "option", "state", "Chain", "chain",

@@ -11,8 +11,9 @@ import numpy as np
 
 from .backends.cpu import bind_inplace, step_array
 from .backends.cuda import DeviceGroup, DeviceLeaf, is_device_array, setup_leaf
-from .backends.state import Leaf, adjusted_rule, as_rule, check_param_dtype, status_error
+from .backends.state import Leaf, adjusted_rule, as_rule, check_param_dtype, enter, in_use, leave, status_error
 from .compiler import ChainLayout
+from .compiler.layout import ALIASED
 from .compiler.placement import PAGE
 from .tree.manage import adjust_tree, adjust_tree_, update_tree, update_tree_
 from .tree.setup import setup_tree
@@ -39,14 +40,21 @@ def setup(rule, model):
 
 
 def update(state, model, grad):
-    """Pure step: returns ``(new_state, new_model)``; ``state``, ``model`` and ``grad`` are untouched."""
+    """Pure step: returns ``(new_state, new_model)``; ``state``, ``model`` and ``grad`` are untouched.
+
+    A state is used by one thread at a time: a state another thread is stepping in place raises
+    :class:`numbaopt.StateInUseError` (several pure steps of one state may run at once)."""
     t = type(state)
-    if t is Leaf:
-        return step_array(state, model, grad, False)
-    if t is DeviceLeaf:
-        return state.step(model, grad, False)
-    if t is DeviceGroup:
-        return state.update(model, grad)
+    if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
+        enter(state, "update", False)
+        try:
+            if t is Leaf:
+                return step_array(state, model, grad, False)
+            if t is DeviceLeaf:
+                return state.step(model, grad, False)
+            return state.update(model, grad)
+        finally:
+            leave(state, False)
     return update_tree(state, model, grad)
 
 
@@ -54,6 +62,8 @@ def update_(state, model, grad):
     """In-place step: writes the parameter (when writeable) and the state; returns ``(state, model)``.
 
     A read-only array is not written: a new (read-only) array is returned, so always use the returned model.
+    A gradient that overlaps the parameter or the state (other than by being the parameter) is copied first.
+    A state another thread is using raises :class:`numbaopt.StateInUseError` and nothing is done.
     """
     if type(state) is Leaf:
         # fast path: a writeable contiguous 1-D array and a gradient of its dtype and shape. On a small
@@ -67,16 +77,31 @@ def update_(state, model, grad):
                 call = state.fast
                 if call is None:
                     call = state.fast = bind_inplace(state)
-                status = call(model, grad)
-                if status >= 2:
-                    raise status_error(state.rule, status, "g")
+                if state.users:  # enter(state) inlined: no call between the test and the store
+                    raise in_use("update_", state)
+                state.users = -1
+                try:
+                    status = call(model, grad)
+                finally:
+                    state.users = 0
+                if status:  # 0: stepped, the common case, one test
+                    if status == ALIASED:  # g overlaps x or the state: nothing was done, step on a copy
+                        return update_(state, model, grad.copy())
+                    if status >= 2:
+                        raise status_error(state.rule, status, "g")
                 return state, model
-        return step_array(state, model, grad, True)
+        enter(state, "update_")
+        try:
+            return step_array(state, model, grad, True)
+        finally:
+            leave(state)
     t = type(state)
-    if t is DeviceLeaf:
-        return state.step(model, grad, True)
-    if t is DeviceGroup:
-        return state.update_(model, grad)
+    if t is DeviceLeaf or t is DeviceGroup:
+        enter(state, "update_")
+        try:
+            return state.step(model, grad, True) if t is DeviceLeaf else state.update_(model, grad)
+        finally:
+            leave(state)
     return update_tree_(state, model, grad)
 
 
@@ -86,21 +111,29 @@ def adjust(state, **hyper):
     Unknown names are a ``ValueError`` listing the valid ones. Never recompiles a kernel.
     """
     t = type(state)
-    if t is Leaf or t is DeviceLeaf:
-        return state.with_rule(adjusted_rule(state.rule, hyper))
-    if t is DeviceGroup:
-        return state.adjust(hyper, False)
+    if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
+        enter(state, "adjust", False)
+        try:
+            if t is DeviceGroup:
+                return state.adjust(hyper, False)
+            return state.with_rule(adjusted_rule(state.rule, hyper))
+        finally:
+            leave(state, False)
     return adjust_tree(state, **hyper)
 
 
 def adjust_(state, **hyper):
     """Change hyperparameters in place; returns the state (everything is checked before anything changes)."""
     t = type(state)
-    if t is Leaf or t is DeviceLeaf:
-        state.set_rule_(adjusted_rule(state.rule, hyper))  # hp rewritten in place: compiled callers see it
-        return state
-    if t is DeviceGroup:
-        return state.adjust(hyper, True)
+    if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
+        enter(state, "adjust_")
+        try:
+            if t is DeviceGroup:
+                return state.adjust(hyper, True)
+            state.set_rule_(adjusted_rule(state.rule, hyper))  # hp rewritten in place: compiled callers see it
+            return state
+        finally:
+            leave(state)
     return adjust_tree_(state, **hyper)
 
 

@@ -19,10 +19,16 @@ __all__ = ["Schedule", "constant", "linear", "exponential", "piecewise_constant"
 def _num(name, v, low=None, high=None, integer=False):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {v!r}")
-    if integer and float(v) != int(v):
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float64
+        raise ValueError(f"{name} (an integer of {len(str(v))} digits) is too large") from None
+    if not math.isfinite(f):
+        raise ValueError(f"{name}={v!r} must be a finite number")
+    if integer and f != int(v):
         raise ValueError(f"{name}={v!r} must be an integer")
-    v = int(v) if integer else float(v)
-    if math.isnan(v) or (low is not None and v < low) or (high is not None and v > high):
+    v = int(v) if integer else f
+    if (low is not None and v < low) or (high is not None and v > high):
         raise ValueError(f"{name}={v!r} must be in [{low if low is not None else '-inf'}, "
                          f"{high if high is not None else 'inf'}]")
     return v

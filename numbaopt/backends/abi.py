@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from ..compiler.intrinsics import load_i32, load_i64
+from .alias import hits
 
 __all__ = ["OK", "gather_lists", "data_pointers", "ARRAY_TYPE"]
 
@@ -76,7 +77,7 @@ OK = _verify()
 
 
 @njit(cache=True, error_model="numpy")
-def gather_lists(plist, glist, tab, dims, arraytype, out):
+def gather_lists(plist, glist, tab, dims, arraytype, out, W):
     """The trees' fast path: validate parameter and gradient leaves given as two Python lists.
 
     ``plist``/``glist`` are ``id()`` of two lists of ``n = tab.shape[0]`` objects; their item pointers
@@ -84,8 +85,11 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
     dimstart, descr, dest)``: parameter ``j`` must be the object ``pid`` (the one seen when the plan was
     made); both leaves must be exact ndarrays, C-contiguous and aligned (the parameter writeable when
     ``writeable``), with the descriptor ``descr`` and shape ``dims[dimstart:dimstart + ndim]``. Data
-    pointers go to ``out[0, dest]`` and ``out[1, dest]``. Returns -1, ``j`` for a failed
-    leaf, or ``n`` when a list has the wrong length. Packed arguments: each array argument costs
+    pointers go to ``out[0, dest]`` and ``out[1, dest]``; the parameter's must be ``xptr`` (columns 6 and 7 are
+    the parameter's data pointer and byte size when the plan was made). Then every gradient is checked against
+    ``W`` (:func:`numbaopt.backends.alias.written_table` of the parameters, owner ``j``, and the state
+    arenas): -2 when one overlaps something the step writes. Returns -1, ``j`` for a failed
+    leaf, ``n`` when a list has the wrong length, or -2. Packed arguments: each array argument costs
     dispatch time. Runs with the GIL held, so the lists cannot change during the call.
     """
     n = tab.shape[0]
@@ -116,8 +120,15 @@ def gather_lists(plist, glist, tab, dims, arraytype, out):
         if load_i64(p + 56) != tab[j, 4] or load_i64(g + 56) != tab[j, 4]:
             return j
         d = tab[j, 5]
-        out[0, d] = load_i64(p + 16)
+        xp = load_i64(p + 16)
+        if xp != tab[j, 6]:
+            return j
+        out[0, d] = xp
         out[1, d] = load_i64(g + 16)
+    for j in range(n):  # aliasing: after every header was validated
+        lo = out[1, tab[j, 5]]
+        if hits(W, lo, lo + tab[j, 7], j):
+            return -2
     return -1
 
 

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ..compiler.layout import STEPPED
+from ..compiler.layout import ALIASED, STEPPED
 from . import pool
 from .cuda.arrays import is_device_array
 from .state import Leaf, check_grad, status_error
@@ -38,17 +38,27 @@ def set_parallel_threshold(n: int) -> int:
 
 
 def run_inplace(leaf: Leaf, x1, g1, hp=None) -> int:
-    """One step on flat contiguous ``x1`` (written) and ``g1``; state and counters written in place."""
+    """One step on flat contiguous ``x1`` (written) and ``g1``; state and counters written in place.
+    A gradient overlapping ``x1`` or the state (a shifted view of the parameter) is copied first."""
     k = leaf.kernels()
     f = k.inplace_par if x1.shape[0] >= _threshold[0] else k.inplace
-    return f(x1, g1, *leaf.arrays, leaf.hp if hp is None else hp, leaf.counters)
+    hp = leaf.hp if hp is None else hp
+    status = f(x1, g1, *leaf.arrays, hp, leaf.counters)
+    if status == ALIASED:  # the kernel checked before touching anything: step on a copy
+        status = f(x1, g1.copy(), *leaf.arrays, hp, leaf.counters)
+    return status
 
 
 def run_outplace(leaf: Leaf, x1, g1, xo, so, counters, hp=None) -> int:
-    """One step reading ``x1``, ``g1`` and ``leaf.arrays``; writing ``xo``, the arrays ``so`` and ``counters``."""
+    """One step reading ``x1``, ``g1`` and ``leaf.arrays``; writing ``xo``, the arrays ``so`` and ``counters``
+    (a gradient overlapping what is written is copied first)."""
     k = leaf.kernels()
     f = k.outplace_par if x1.shape[0] >= _threshold[0] else k.outplace
-    return f(x1, g1, *leaf.arrays, leaf.hp if hp is None else hp, counters, xo, *so)
+    hp = leaf.hp if hp is None else hp
+    status = f(x1, g1, *leaf.arrays, hp, counters, xo, *so)
+    if status == ALIASED:
+        status = f(x1, g1.copy(), *leaf.arrays, hp, counters, xo, *so)
+    return status
 
 
 def bind_inplace(leaf: Leaf):
@@ -56,8 +66,9 @@ def bind_inplace(leaf: Leaf):
     default arguments (cheaper per call than unpacking ``*leaf.arrays``).
 
     ``x`` and ``g`` must be 1-D, C-contiguous, aligned, writeable arrays of the leaf's dtype and size
-    (``update_`` checks this): below the parallel threshold the serial kernel's compiled entry point for
-    exactly those types is called, skipping Numba's dispatch (~0.4 µs of a ~1 µs call on a small array).
+    (``update_`` checks this; a gradient overlapping ``x`` or the state returns ``ALIASED``, nothing done):
+    below the parallel threshold the serial kernel's compiled entry point for exactly those types is called,
+    skipping Numba's dispatch (~0.4 µs of a ~1 µs call on a small array).
     """
     k = leaf.kernels()
     a, hp, C, n, th = leaf.arrays, leaf.hp, leaf.counters, leaf.size, _threshold

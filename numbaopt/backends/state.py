@@ -11,7 +11,7 @@ from ..rules.base import Rule
 from ..rules.chain import Chain
 
 __all__ = ["Leaf", "as_rule", "check_param_dtype", "check_grad", "adjusted_rule", "raise_status",
-           "status_error", "SUPPORTED"]
+           "status_error", "SUPPORTED", "StateInUseError", "in_use", "enter", "leave"]
 
 #: the dtypes the kernels compute in
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
@@ -97,6 +97,37 @@ def raise_status(rule, status: int, where: str = "") -> None:
         raise status_error(rule, status, where)
 
 
+class StateInUseError(RuntimeError):
+    """A state used by two calls at once: another thread is stepping it (or reading it while this call
+    would write it). Nothing was done. A state belongs to one thread at a time: give each thread its own
+    state, or serialise the calls with your own lock."""
+
+
+def in_use(fname: str, state) -> StateInUseError:
+    return StateInUseError(f"{fname}: this {type(state).__name__} is in use by another call (another thread is "
+                           "stepping or reading it); nothing was done. Give each thread its own state, or "
+                           "serialise the calls with a lock")
+
+
+# The guard of a state (``state.users``: 0 idle, -1 one writer, k > 0 readers). Between reading ``users`` and
+# storing it there is no call, no loop and no allocation, so CPython does not switch threads there: the
+# test-and-set is atomic under the GIL at the cost of two attribute accesses, and states used by one thread
+# each never contend (no lock is shared). The kernels release the GIL, so without it two threads would step
+# one state's arrays at once.
+def enter(state, fname: str, write: bool = True) -> None:
+    """Mark ``state`` in use by this call (a writer: ``update_``, ``adjust_``; a reader: ``update``, ``save``),
+    or raise :class:`StateInUseError`."""
+    u = state.users
+    if u < 0 or (write and u):
+        raise in_use(fname, state)
+    state.users = -1 if write else u + 1
+
+
+def leave(state, write: bool = True) -> None:
+    """End :func:`enter`."""
+    state.users = 0 if write else state.users - 1
+
+
 class Leaf:
     """Optimiser state of one parameter array.
 
@@ -112,7 +143,7 @@ class Leaf:
     display_name = "Leaf"
 
     __slots__ = ("rule", "layout", "arrays", "counters", "hp", "shape", "dtype", "param_dtype", "master", "kern",
-                 "fast", "__weakref__")
+                 "fast", "users", "__weakref__")
 
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None, master=None,
                  layout=None, anchor=0):
@@ -134,6 +165,7 @@ class Leaf:
         self.master = master if self.param_dtype != self.dtype else None
         self.kern = None
         self.fast = None
+        self.users = 0  # see enter()
 
     t = property(lambda self: int(self.counters[0]), lambda self, v: self.counters.__setitem__(0, v),
                  doc="steps taken")
@@ -181,7 +213,7 @@ class Leaf:
             for slot in getattr(cls, "__slots__", ()):
                 if slot != "__weakref__" and hasattr(self, slot):
                     setattr(new, slot, getattr(self, slot))
-        new.arrays, new.counters, new.master, new.fast = tuple(arrays), counters, master, None
+        new.arrays, new.counters, new.master, new.fast, new.users = tuple(arrays), counters, master, None, 0
         new.hp = self.hp.copy()
         return new
 

@@ -4,7 +4,9 @@ The module holds the prelude, each member's functions (:func:`.elements.rule_fun
 kernels (``S`` = the chain's state arrays, ``hp`` = hyperparameters, ``C`` = step counters, see
 :mod:`.layout`):
 
-one array (1-D contiguous), returning a status (:data:`.layout.STEPPED` ...), counters advanced in ``C``:
+one array (1-D contiguous), returning a status (:data:`.layout.STEPPED` ...), counters advanced in ``C``;
+a gradient that overlaps an array the call writes (other than by being that array) returns
+:data:`.layout.ALIASED` before anything is read or written (the caller steps on a copy of the gradient):
 
 * ``inplace(x, g, *S, hp, C)``, ``inplace_par`` (``prange``; bitwise the same);
 * ``outplace(x, g, *S, hp, C, xo, *O)``, ``outplace_par``: reads the inputs, writes ``xo`` and ``O``
@@ -34,13 +36,13 @@ from __future__ import annotations
 import numpy as np
 
 from .elements import element_lines, finals_lines, finish_call, load_lines, rule_functions, call_args
-from .layout import ERROR_BASE, ChainLayout, real_dtype, reduce_ops
+from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
 
 __all__ = ["generate_source", "LANES", "GENERATOR_VERSION"]
 
 #: bump when the generated text changes meaning (it is part of the cache directory's name)
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 
 #: independent partial accumulators per reduction: the element loop is unrolled this many times so that
 #: the float64 sums are not one serial dependency chain (~2x faster on 1M float32 elements)
@@ -141,6 +143,9 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
         deco = "@njit(cache=True, parallel=True, **_NJ)" if par else "@njit(cache=True, **_NJ)"
     rng = "prange" if par else "range"
     L = [deco, f"def {name}({', '.join(params)}):", "    n = x.shape[0]"]
+    if counters:  # before anything is read or written: a gradient overlapping what this call writes
+        written = (["xo"] + O) if outplace else (["x"] + S)
+        L += [f"    if {' or '.join(f'_aliased(g, {w})' for w in written)}:", f"        return {ALIASED}"]
     L += ["    t = C[0] + 1", "    tp = C[1] + 1"] if counters else ["    tp = t"]
     L += load_lines(layout, "    ", "t", "tp")
     pre, suf = _split(layout)

@@ -8,7 +8,7 @@ from numba import types
 from numba.core import errors
 from numba.extending import intrinsic
 
-__all__ = ["as_pointer", "load_i64", "load_i32"]
+__all__ = ["as_pointer", "load_i64", "load_i32", "data_address"]
 
 
 @intrinsic
@@ -51,5 +51,20 @@ def load_i32(typingctx, addr):
     def codegen(context, builder, signature, args):
         ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
         return builder.load(ptr)
+
+    return sig, codegen
+
+
+@intrinsic
+def data_address(typingctx, arr):
+    """The address of an array's first element, as an int64 (``arr.ctypes.data`` without building the
+    ctypes object, whose code would bring float64 values into a float32 kernel)."""
+    if not isinstance(arr, types.Array):
+        raise errors.TypingError(f"data_address: expected an array, got {arr}")
+    sig = types.int64(arr)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, context.get_value_type(types.int64))
 
     return sig, codegen

@@ -22,7 +22,7 @@ from ..rules.base import is_scheduled
 from .placement import empty_staggered, page_offsets
 
 __all__ = ["ChainLayout", "real_dtype", "reduce_ops", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
-           "STEPPED", "SKIP", "ACCUMULATED", "RESET", "ERROR_BASE"]
+           "STEPPED", "SKIP", "ACCUMULATED", "RESET", "ALIASED", "ERROR_BASE"]
 
 #: the rows of a counter array ``C``: steps taken by the members after an AccumGrad (all members when
 #: there is none), calls taken by the members before it, gradients in the current accumulation cycle,
@@ -33,8 +33,9 @@ T, TP, CNT, SKIPPED = range(4)
 #: statuses returned by the single-array kernels (the tree kernels return STEPPED or an error): stepped;
 #: skipped (nothing written); accumulated (an AccumGrad call that did not complete its cycle); reset
 #: (the cycle completed but a member after the AccumGrad skipped the step); ERROR_BASE + r: reduction
-#: rule r refused the step (nothing written)
-STEPPED, SKIP, ACCUMULATED, RESET, ERROR_BASE = 0, 1, -1, -2, 2
+#: rule r refused the step (nothing written); aliased: the gradient overlaps an array the kernel writes
+#: (nothing read or written; the caller runs the kernel again on a copy of the gradient)
+STEPPED, SKIP, ACCUMULATED, RESET, ALIASED, ERROR_BASE = 0, 1, -1, -2, -3, 2
 
 
 def real_dtype(dtype) -> np.dtype:

@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 
 from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RUNNING, driver_module
-from .problem import Problem, count
+from .problem import Problem, count, loss_value
 from .results import BatchResult, OptimizeResult
 
 __all__ = ["minimize", "minimize_batch"]
@@ -94,13 +94,13 @@ def finish(p):
     for r in range(p.B):
         it = p.I[r, 0]
         if p.mode == "spsa":
-            f = float(p.fun(p.X[r], *p.args))
+            f = loss_value(p.fun(p.X[r], *p.args))
         elif p.I[r, 3] == CALLBACK:
             g = p.G[r]
             if p.mode == "fg":
-                f = float(p.fun(p.X[r], g, *p.args))
+                f = loss_value(p.fun(p.X[r], g, *p.args))
             else:
-                f = float(p.fun(p.X[r], *p.args))
+                f = loss_value(p.fun(p.X[r], *p.args))
                 p.jac(p.X[r], g, *p.args)
             p.F[r, 2] = driver_module(p.rules[0], p.dtype)._gnorm(g)
         else:

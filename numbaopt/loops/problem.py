@@ -14,6 +14,29 @@ from .spsa import SPSA
 __all__ = ["Problem", "is_njit", "nonneg", "count", "as_params", "schedule_values", "check_values", "schedule_slots"]
 
 
+def loss_value(v, name: str = "fun") -> float:
+    """The loss a Python objective returned, as a float; a ``TypeError`` naming ``name`` for anything that is
+    not one real number (a string, ``None``, an array of more than one element, a complex number)."""
+    if isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool):
+        return float(v)
+    shape = getattr(v, "shape", ())
+    if v is None or isinstance(v, (str, bytes, bool, complex, np.complexfloating)) or shape != ():
+        what = f"an array of shape {tuple(shape)}" if shape != () else f"{type(v).__name__} {v!r:.60}"
+        raise TypeError(f"{name} must return the loss, one real number; it returned {what}")
+    try:
+        return float(v)  # a 0-d array, a torch or JAX scalar
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must return the loss, one real number; it returned {type(v).__name__} "
+                        f"({e})") from None
+
+
+def checked_loss(fun, name: str = "fun"):
+    """``fun`` whose every return value goes through :func:`loss_value` (the Python loop's objective)."""
+    def checked(*a):
+        return loss_value(fun(*a), name)
+    return checked
+
+
 def is_njit(f) -> bool:
     """Whether ``f`` is an ``@numba.njit`` function."""
     return isinstance(f, CPUDispatcher)
@@ -203,7 +226,8 @@ class Problem:
             compiled = is_njit(self.fun) and (self.jac is None or is_njit(self.jac))
         if not compiled:
             py = drv.py_func
-            return lambda nsteps: py(self.fun, self.jac, self.args, *self._arrays(), nsteps, *self._tail())
+            fun = checked_loss(self.fun)  # a str, None or vector loss is named, not a NumPy error or a NaN
+            return lambda nsteps: py(fun, self.jac, self.args, *self._arrays(), nsteps, *self._tail())
         if not is_njit(self.fun) or (self.jac is not None and not is_njit(self.jac)):
             raise TypeError("compiled=True needs fun (and jac) to be @numba.njit functions")
         entry, fun, jac = compiled_entry(drv, self)

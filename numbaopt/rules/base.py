@@ -44,15 +44,17 @@ UNIT = dict(low=0.0, high=1.0, high_open=True)
 class hyper:
     """A runtime scalar hyperparameter with a default and a validated domain.
 
-    ``low``/``high`` bound it; ``low_open``/``high_open`` make the bound strict. The value is passed
-    to the kernels at run time, so changing it never recompiles.
+    ``low``/``high`` bound it; ``low_open``/``high_open`` make the bound strict. Values are finite:
+    ``allow_inf=True`` admits ``inf`` where it means "no bound" (``ClipGrad(delta=inf)``). The value is
+    passed to the kernels at run time, so changing it never recompiles.
     """
 
-    __slots__ = ("default", "low", "high", "low_open", "high_open", "doc", "name")
+    __slots__ = ("default", "low", "high", "low_open", "high_open", "allow_inf", "doc", "name")
 
-    def __init__(self, default, low=None, high=None, low_open=False, high_open=False, doc=""):
+    def __init__(self, default, low=None, high=None, low_open=False, high_open=False, allow_inf=False, doc=""):
         self.default = default
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        self.allow_inf = allow_inf
         self.doc = doc
         self.name = None
 
@@ -61,18 +63,30 @@ class hyper:
         return self if obj is None else obj.__dict__["_values"][self.name]
 
     def domain(self) -> str:
+        """The admitted values, e.g. ``[0.0, inf)`` (finite), ``[0.0, inf]`` (``inf`` admitted)."""
         lo = "-inf" if self.low is None else repr(self.low)
         hi = "inf" if self.high is None else repr(self.high)
         left = "(" if (self.low is None or self.low_open) else "["
         right = ")" if (self.high is None or self.high_open) else "]"
+        if self.allow_inf:
+            left = "[" if self.low is None else left
+            right = "]" if self.high is None else right
         return f"{left}{lo}, {hi}{right}"
 
     def check(self, owner: str, value) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
             raise TypeError(f"{owner}: hyperparameter {self.name} must be a real number, got {value!r}")
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond float64 (10**400): out of every domain, not a crash
+            raise ValueError(f"{owner}: hyperparameter {self.name} (an integer of {len(str(value))} digits) is too "
+                             f"large for a float64; "
+                             f"expected a number in {self.domain()}") from None
         if math.isnan(v):
             raise ValueError(f"{owner}: hyperparameter {self.name} is NaN; expected a number in {self.domain()}")
+        if math.isinf(v) and not self.allow_inf:
+            raise ValueError(f"{owner}: hyperparameter {self.name}={value!r} is not finite; expected a finite "
+                             f"number in {self.domain()}")
         ok = True
         if self.low is not None:
             ok &= v > self.low if self.low_open else v >= self.low

@@ -16,7 +16,7 @@ INF_P = float("inf")
 
 class ClipGrad(Rule):
     """Elementwise clipping: ``d = clamp(g, -delta, delta)``."""
-    delta = hyper(10.0, low=0.0)
+    delta = hyper(10.0, low=0.0, allow_inf=True, doc="inf: no clipping")
     supports_complex = False
     torch = "torch.nn.utils.clip_grad_value_(params, delta)"
     optax = "clip(delta)"
@@ -58,10 +58,11 @@ class ClipNorm(Rule):
 
     @staticmethod
     def finish(total, max_norm, p, error_if_nonfinite):
-        n = math.sqrt(total) if p == 2.0 else total
+        # the max over no elements is the identity -inf: the norm of an empty gradient is 0
+        n = math.sqrt(total) if p == 2.0 else max(total, 0.0)
         if not math.isfinite(n) and error_if_nonfinite:
             return 0.0, 1.0
-        return min(max_norm / n, 1.0), 0.0
+        return (min(max_norm / n, 1.0) if n > 0.0 else 1.0), 0.0
 
     @staticmethod
     def step(g, x, scale):

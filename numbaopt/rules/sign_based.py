@@ -16,7 +16,7 @@ class Rprop(Rule):
     eta_minus = hyper(0.5, low=0.0, high=1.0, low_open=True, doc="shrink factor on a sign change")
     eta_plus = hyper(1.2, low=1.0, doc="growth factor while the sign is kept")
     step_min = hyper(1e-6, low=0.0)
-    step_max = hyper(50.0, low=0.0)
+    step_max = hyper(50.0, low=0.0, allow_inf=True, doc="inf: unbounded steps")
     gp = state(0.0)
     eta = state("lr")
     supports_complex = False

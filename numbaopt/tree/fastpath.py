@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import abi
-from .step import Order, Run, execute
+from ..backends.alias import written_table
+from .step import Order, Run, addresses, execute
 
 __all__ = ["FastPlan", "gen_gather", "Miss"]
 
@@ -95,7 +96,7 @@ class FastPlan:
     """``update_`` on a model whose trained, unfrozen leaves are all writeable arrays stepped directly.
     Frozen leaves are left out of the gather and stay out of the runs (``act`` 0)."""
 
-    __slots__ = ("gather", "params", "tab", "dims", "out", "order", "timed")
+    __slots__ = ("gather", "params", "tab", "dims", "out", "W", "order", "timed")
 
     @staticmethod
     def build(c, xu, iu, old=None):
@@ -137,13 +138,21 @@ class FastPlan:
         for gi in gis:
             start[gi] = total
             total += len(c.groups[gi].members)
-        fp.tab = np.empty((n, 6), dtype=np.int64)
+        fp.tab = np.empty((n, 8), dtype=np.int64)
         fp.tab[:, 0] = [id(x) for x in fp.params]
         fp.tab[:, 1] = 1
         fp.tab[:, 2] = ndims
         fp.tab[:, 3] = dimstart
         fp.tab[:, 4] = [id(np.dtype(s.u_dtype[u])) for u in us]
         fp.tab[:, 5] = [start[s.u_group[u]] + s.u_j[u] for u in us]
+        fp.tab[:, 6] = addresses(fp.params)
+        fp.tab[:, 7] = [x.nbytes for x in fp.params]
+        # what this step writes: the parameters (owner: their row) and every group's state arenas
+        arenas = [a for gi in gis for a in c.groups[gi].arenas]
+        alo = addresses(arenas) if arenas else np.zeros(0, np.int64)
+        fp.W = written_table(np.concatenate([fp.tab[:, 6], alo]),
+                             np.concatenate([fp.tab[:, 6] + fp.tab[:, 7], alo + [a.nbytes for a in arenas]]),
+                             np.concatenate([np.arange(n), np.full(len(arenas), -1)]))
         fp.out = np.zeros((2, max(total, 1)), dtype=np.int64)
         runs, timed = [], []
         stepped = set(us)
@@ -165,8 +174,8 @@ class FastPlan:
             pl, gl = self.gather(model, grads)
         except Exception:
             return False
-        if abi.gather_lists(id(pl), id(gl), self.tab, self.dims, abi.ARRAY_TYPE, self.out) != -1:
-            return False
+        if abi.gather_lists(id(pl), id(gl), self.tab, self.dims, abi.ARRAY_TYPE, self.out, self.W) != -1:
+            return False  # a leaf the plan was not made for, or a gradient overlapping what is written
         for run, js in self.timed:  # schedules: every stepped leaf of a group at one step count
             C = run.grp.C
             t, tp = C[0, js], C[1, js]

@@ -3,7 +3,7 @@ copies. Each checks everything before it changes anything."""
 from __future__ import annotations
 
 from ..backends.cuda.group import DeviceMember
-from ..backends.state import adjusted_rule
+from ..backends.state import adjusted_rule, enter, leave
 from ..compiler import ChainLayout
 from .fastpath import FastPlan
 from .groups import TreeLeaf
@@ -16,18 +16,27 @@ __all__ = ["update_tree", "update_tree_", "adjust_tree", "adjust_tree_", "freeze
 def update_tree_(state, model, grads):
     """In place: see :func:`numbaopt.update_`."""
     c = core(state, "update_")
-    fp = c.fast
-    if fp is not None and fp.run(c, model, grads):
-        return state, model
-    _, out, (xu, iu) = step_tree(c, model, grads, True)
-    c.fast = FastPlan.build(c, xu, iu, fp)  # the next step of this model can take the fast path
-    return state, out
+    enter(c, "update_")
+    try:
+        fp = c.fast
+        if fp is not None and fp.run(c, model, grads):
+            return state, model
+        _, out, (xu, iu) = step_tree(c, model, grads, True)
+        c.fast = FastPlan.build(c, xu, iu, fp)  # the next step of this model can take the fast path
+        return state, out
+    finally:
+        leave(c)
 
 
 def update_tree(state, model, grads):
     """Pure: see :func:`numbaopt.update`."""
-    c, out, _ = step_tree(core(state, "update"), model, grads, False)
-    return StateTree(c), out
+    c = core(state, "update")
+    enter(c, "update", False)
+    try:
+        new, out, _ = step_tree(c, model, grads, False)
+    finally:
+        leave(c, False)
+    return StateTree(new), out
 
 
 def _plan_adjust(c, hyper: dict):
@@ -56,10 +65,14 @@ def _plan_adjust(c, hyper: dict):
 def adjust_tree_(state, **hyper):
     """Change hyperparameters in place (see :func:`numbaopt.adjust_`); never recompiles."""
     c = core(state, "adjust_")
-    changes = _plan_adjust(c, hyper)
-    for g, rule, hp in changes:  # nothing below can fail
-        g.set_rule_(rule, hp)
-    c.fast = None
+    enter(c, "adjust_")
+    try:
+        changes = _plan_adjust(c, hyper)
+        for g, rule, hp in changes:  # nothing below can fail
+            g.set_rule_(rule, hp)
+        c.fast = None
+    finally:
+        leave(c)
     return state
 
 
@@ -72,7 +85,12 @@ def adjust_tree(state, **hyper):
 
 def copy_state(state) -> StateTree:
     """A deep copy of a state tree (new arenas, counters, frozen flags)."""
-    return StateTree(core(state, "copy").copy())
+    c = core(state, "copy")
+    enter(c, "copy", False)
+    try:
+        return StateTree(c.copy())
+    finally:
+        leave(c, False)
 
 
 def _units_of(sub, fname):
@@ -93,14 +111,18 @@ def _units_of(sub, fname):
 def freeze_(sub):
     """Freeze every leaf of ``sub`` (a state tree, ``state.part`` or a leaf): not updated, state untouched."""
     c, us = _units_of(sub, "freeze_")
+    enter(c, "freeze_")
     c.frozen[us] = True
     c.fast = None
+    leave(c)
     return sub
 
 
 def thaw_(sub):
     """Undo :func:`freeze_` on ``sub``."""
     c, us = _units_of(sub, "thaw_")
+    enter(c, "thaw_")
     c.frozen[us] = False
     c.fast = None
+    leave(c)
     return sub

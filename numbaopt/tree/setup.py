@@ -56,7 +56,11 @@ def setup_tree(rule, model):
         if info is not None and trainable:
             r = chooser(path, x) if chooser is not None else rule
             if r is not None:
-                r, layout = layout_of(r)
+                try:
+                    r, layout = layout_of(r)
+                except TypeError as e:
+                    raise TypeError(f"model{path}: the rule chooser returned {r!r}: {e}" if chooser is not None
+                                    else f"model{path}: {e}") from None
                 try:
                     check_param_dtype(info.dtype, "x", layout)
                 except TypeError:  # the path is formatted only for the message

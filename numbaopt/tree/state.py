@@ -43,11 +43,12 @@ class TreeCore:
     ``frozen`` (per unit), ``leafcache`` (leaf views) and ``fast`` (the fast path's plan for the model last
     stepped in place, or None)."""
 
-    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "__weakref__")
+    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "users", "__weakref__")
 
     def __init__(self, structure, groups, device_groups, frozen):
         self.structure, self.groups, self.device_groups, self.frozen = structure, groups, device_groups, frozen
         self.leafcache, self.fast = {}, None
+        self.users = 0  # the in-use guard (numbaopt.backends.state.enter): one writer or several readers
 
     def leaf(self, u: int):
         """The state of unit ``u``: a view of its host group's leaf, or of its device group's."""

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ..backends import abi, pool
+from ..backends.alias import intervals, overlapping, written_table
 from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .collect import collect
@@ -197,10 +198,35 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
     return runs, keep
 
 
+def _copy_aliased(c: TreeCore, xu, iu, gu) -> None:
+    """In place: a host gradient that overlaps a parameter this step writes (other than by being its own
+    parameter) or a state arena is replaced by a copy (see :mod:`numbaopt.backends.alias`)."""
+    s = c.structure
+    gus = [u for u in range(s.n_unique) if type(gu[u]) is np.ndarray]
+    if not gus:
+        return
+    ws, own = [], []
+    for u in gus:
+        info = iu[u]
+        if info.writeable and info.backend == "cpu":
+            a = xu[u] if type(xu[u]) is np.ndarray else np.asarray(info.to_array(xu[u]))
+            if type(a) is np.ndarray:
+                ws.append(a)
+                own.append(u)
+    arenas = [a for grp in c.groups for a in grp.arenas]
+    wlo, whi = intervals(ws + arenas, addresses(ws + arenas))
+    W = written_table(wlo, whi, own + [-1] * len(arenas))
+    glo, ghi = intervals([gu[u] for u in gus], addresses([gu[u] for u in gus]))
+    for k in np.nonzero(overlapping(W, glo, ghi, gus))[0]:
+        gu[gus[k]] = gu[gus[k]].copy()
+
+
 def plan(c: TreeCore, model, grads, inplace: bool):
     """Check the leaves and make the runs: ``(runs, devices, posts, (new groups, new device groups), keep,
     (xu, iu))``; ``keep`` holds the temporaries the runs' addresses point into."""
     xu, iu, gu = collect(c, model, grads)
+    if inplace:
+        _copy_aliased(c, xu, iu, gu)
     posts, news, keep = [], [], []
     runs = []
     for grp in c.groups:

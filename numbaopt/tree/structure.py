@@ -47,11 +47,17 @@ def flatten(model, on_leaf: Callable):
     """Walk ``model``; ``on_leaf(path, value, trainable) -> trained`` is called per leaf in depth-first
     order. Returns the root :class:`Node`."""
     counter = [0]
+    inside = set()  # ids of the containers on the current path: a model that contains itself is no tree
 
     def walk(obj, path, trainable):
         node = Node()
         spec = container_spec(obj)
         node.lo = counter[0]
+        if spec is not None:
+            if id(obj) in inside:
+                raise ValueError(f"model{Path(path)}: this {type(obj).__name__} contains itself (a cycle); a model "
+                                 "must be a tree (shared sub-containers are fine, cycles are not)")
+            inside.add(id(obj))
         if spec is None:
             node.pos = counter[0]
             counter[0] += 1
@@ -66,10 +72,15 @@ def flatten(model, on_leaf: Callable):
                 kids.append(walk(v, path + (e,), trainable and (keys is None or e.key in keys)))
             node.children = tuple(kids)
             node.trained = any(k.trained for k in kids)
+            inside.discard(id(obj))
         node.hi = counter[0]
         return node
 
-    return walk(model, (), True)
+    try:
+        return walk(model, (), True)
+    except RecursionError:
+        raise ValueError("model: nested too deeply to walk (deeper than Python's recursion limit, "
+                         "sys.getrecursionlimit())") from None
 
 
 def same_type(node, obj) -> bool:

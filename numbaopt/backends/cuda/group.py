@@ -37,6 +37,7 @@ class DeviceGroup:
 
     def __init__(self, rule, params, *, _arenas=None, t=0, hp=None, skipped=0, _shapes=None, _dtype=None):
         from numba import cuda
+        self.users = 0  # the in-use guard of numbaopt.backends.state.enter
         rt = runtime()
         rule = as_rule(rule)
         check_device_rule(rule, "params")
@@ -253,6 +254,7 @@ class DeviceGroup:
         g = DeviceGroup.__new__(DeviceGroup)
         g.__dict__.update(self.__dict__)
         g.arenas = tuple(device_copies(self.arenas))
+        g.users = 0
         g.ts, g.skips, g.hp = self.ts.copy(), self.skips.copy(), self.hp.copy()
         g.scratch = Scratch(self.mod.plan, len(self.shapes), g.hp)
         g._new_tables()
