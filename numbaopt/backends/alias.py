@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["overlapping", "written_table", "intervals"]
+__all__ = ["overlapping", "written_table", "intervals", "shares"]
 
 try:  # NumPy 2 moved it
     from numpy.lib.array_utils import byte_bounds
@@ -82,3 +82,9 @@ def overlapping(W, glo, ghi, gown) -> np.ndarray:
     if len(glo) and len(W):
         _overlapping(W, np.asarray(glo, np.int64), np.asarray(ghi, np.int64), np.asarray(gown, np.int64), out)
     return out
+
+
+def shares(lo: int, hi: int, spans) -> bool:
+    """Whether ``[lo, hi)`` overlaps one of a few ``(lo, hi)`` spans other than by being identical to it
+    (a device leaf's gradient against its parameter and state arrays: a handful, no table needed)."""
+    return hi > lo and any(a < hi and lo < b and not (a == lo and b == hi) for a, b in spans)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...compiler import ChainLayout
+from ..alias import overlapping, written_table
 from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, table_stale)
@@ -168,6 +169,7 @@ class DeviceGroup:
             self._params = self._grads = None
             self._table(params, "params", self._xaddr, self._xaddr_dev, leaves)
             self._table(grads, "grads", self._gaddr, self._gaddr_dev, leaves)
+        keep = self._copy_aliased(grads, leaves)
         tvals = self.ts[leaves]
         if tvals.min() == tvals.max():  # the usual case: one launch
             steps = [np.sort(leaves)]
@@ -179,11 +181,38 @@ class DeviceGroup:
         launches = [(sub, self.layout.hyper_vector(int(self.ts[sub[0]]) + 1, None, self.dtype)
                      if self.scheduled else self.hp) for sub in steps]  # schedules checked here
         prepared = _Prepared(launches)
+        prepared.keep = keep
         if len(launches) == 1:
             prepared.status = self._reduce(*launches[0])
         else:
             prepared.undo_needed = bool(self.layout.reducers)
         return prepared
+
+    def _copy_aliased(self, grads, leaves):
+        """Gradients overlapping a parameter (other than their own, exactly) or the state arenas: their
+        table entries point to device copies for this step (the copies are returned, to be kept alive until
+        the launch; the table is rebuilt next step, when the gradients may hold new values)."""
+        nbytes = self.sizes[leaves] * self.dtype.itemsize
+        x, g = self._xaddr[leaves], self._gaddr[leaves]
+        spans = self.__dict__.get("_arena_spans")
+        if spans is None:  # the arenas never move: measured once
+            lo = [info(a, "state", write=False)[3] for a in self.arenas]
+            spans = self._arena_spans = (np.array(lo, dtype=np.int64),
+                                         np.array([b + a.size * a.dtype.itemsize for b, a in zip(lo, self.arenas)],
+                                                  dtype=np.int64))
+        W = written_table(np.concatenate([x, spans[0]]), np.concatenate([x + nbytes, spans[1]]),
+                          np.concatenate([leaves, np.full(len(spans[0]), -1)]))
+        bad = leaves[overlapping(W, g, g + nbytes, leaves)]
+        if not len(bad):
+            return []
+        copies = []
+        for i in bad:
+            c = device_copies([flat(info(grads[i], f"grads[{i}]", write=False)[0], int(self.sizes[i]))])[0]
+            copies.append(c)
+            self._gaddr[i] = info(c, f"grads[{i}]", write=False)[3]
+        self._gaddr_dev.copy_to_device(self._gaddr)
+        self._grads = None  # the user's arrays again next step
+        return copies
 
     def _reduce(self, sub, hp):
         """Run the reductions of one launch; raise a refusal; returns the status (0, or 1 = skip)."""
@@ -254,6 +283,7 @@ class DeviceGroup:
         g = DeviceGroup.__new__(DeviceGroup)
         g.__dict__.update(self.__dict__)
         g.arenas = tuple(device_copies(self.arenas))
+        g.__dict__.pop("_arena_spans", None)  # measured again for the new arenas
         g.users = 0
         g.ts, g.skips, g.hp = self.ts.copy(), self.skips.copy(), self.hp.copy()
         g.scratch = Scratch(self.mod.plan, len(self.shapes), g.hp)
@@ -376,10 +406,10 @@ def setup_device_group(rule, params) -> DeviceGroup:
 class _Prepared:
     """A checked step of a group: ``launches`` = (leaves, hyperparameters) per step count."""
 
-    __slots__ = ("launches", "status", "undo_needed")
+    __slots__ = ("launches", "status", "undo_needed", "keep")
 
     def __init__(self, launches):
-        self.launches, self.status, self.undo_needed = launches, 0, False
+        self.launches, self.status, self.undo_needed, self.keep = launches, 0, False, []
 
 
 def tree_group(rule, xs, wheres):

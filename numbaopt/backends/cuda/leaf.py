@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..alias import shares
 from ..state import Leaf, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, blocks, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, torch_ptr)
@@ -27,7 +28,7 @@ class DeviceLeaf(Leaf):
     """
 
     display_name = "DeviceLeaf"
-    __slots__ = ("scratch", "xcache")
+    __slots__ = ("scratch", "xcache", "spans")
 
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None):
         from ...compiler import ChainLayout
@@ -39,6 +40,7 @@ class DeviceLeaf(Leaf):
                       layout=layout)
         self.scratch = Scratch(self.kernels().plan, 1, self.hp)
         self.xcache = None
+        self.spans = None  # byte spans of the state arrays on the device (what a gradient must not overlap)
 
     def kernels(self):
         """The generated CUDA module of this state's chain and dtype."""
@@ -82,7 +84,7 @@ class DeviceLeaf(Leaf):
             raise TypeError(f"x: expected a device array, got {type(x).__name__}")
         cache = self.xcache
         if cache is not None and cache[0] is x and (cache[2] is None or torch_ptr(x) == cache[2]):
-            x1 = cache[1]
+            x1, xaddr = cache[1], cache[3]
         else:
             xs, shape, dtype, addr = info(x, "x")
             if dtype != self.dtype:
@@ -91,9 +93,18 @@ class DeviceLeaf(Leaf):
                 raise ValueError(f"x: shape {tuple(shape)}, but the state was set up for shape {self.shape}")
             x1 = flat(xs, self.size)
             # a torch tensor can swap its storage under the same object (p.data = ...): recheck its address
-            self.xcache = (x, x1, addr if kind(x) == "torch" else None)
-        gs, _ = check_device_grad(g, self.dtype, self.shape, "g", type(x).__name__)
-        return x1, flat(gs, self.size)
+            self.xcache = (x, x1, addr if kind(x) == "torch" else None, addr)
+            xaddr = addr
+        gs, gaddr = check_device_grad(g, self.dtype, self.shape, "g", type(x).__name__)
+        g1 = flat(gs, self.size)
+        nbytes = self.size * self.dtype.itemsize
+        spans = self.spans
+        if spans is None:
+            spans = self.spans = [(a, a + nbytes) for a in
+                                  (info(s, "state", write=False)[3] for s in self.arrays)]
+        if shares(gaddr, gaddr + nbytes, spans + [(xaddr, xaddr + nbytes)]):
+            g1 = device_copies([g1])[0]  # a gradient overlapping what the kernel writes: step on a copy
+        return x1, g1
 
     def _run(self, x1, g1, hp, outputs=None):
         rt = runtime()
