@@ -323,3 +323,17 @@ def test_minimize_names_fun_when_it_returns_no_loss(ret, fragment):
 def test_minimize_accepts_a_0d_array_loss():
     res = no.minimize(lambda x: np.array(x @ x), np.ones(3), no.Adam(0.1), jac=_jac, maxiter=5)
     assert res.nit == 5 and np.isfinite(res.fun)
+
+
+def test_hyperparameter_beyond_float32_is_refused_for_float32_parameters():
+    x = np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="beyond float32"):
+        no.setup(no.Adam(lr=1e39), x)
+    with pytest.raises(ValueError, match="beyond float32"):
+        no.setup(no.Adam(lr=1e39), {"w": x})
+    s, x = _stepped(no.Adam(), x, np.full(3, 0.1, np.float32))
+    before = _bytes(s), _bytes(x)
+    with pytest.raises(ValueError, match="beyond float32"):
+        no.adjust_(s, lr=1e39)
+    assert (_bytes(s), _bytes(x)) == before
+    assert no.setup(no.Adam(lr=1e39), np.ones(3)).rule.lr == 1e39  # float64 parameters: a finite float64

@@ -16,6 +16,8 @@ dtype its master dtype.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..rules.base import is_scheduled
@@ -23,6 +25,8 @@ from .placement import empty_staggered, page_offsets
 
 __all__ = ["ChainLayout", "real_dtype", "reduce_ops", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
            "STEPPED", "SKIP", "ACCUMULATED", "RESET", "ALIASED", "ERROR_BASE"]
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 #: the rows of a counter array ``C``: steps taken by the members after an AccumGrad (all members when
 #: there is none), calls taken by the members before it, gradients in the current accumulation cycle,
@@ -124,6 +128,11 @@ class ChainLayout:
         ``hp`` is left as it was."""
         tp = t if tp is None else tp
         vals = [self.rules[r_i].value_at(n, tp if self.in_prefix(r_i) else t) for r_i, n in self.hyper_names]
+        if hp.dtype.itemsize == 4:  # float32 kernels: a finite value beyond float32 would become inf there
+            for (r_i, n), v in zip(self.hyper_names, vals):
+                if abs(v) > _F32_MAX and math.isfinite(v):
+                    raise ValueError(f"{type(self.rules[r_i]).__name__}: hyperparameter {n}={v!r} is beyond float32 "
+                                     f"(the parameters' precision, max {_F32_MAX:.4g}); it would be inf there")
         hp[:len(vals)] = vals
 
     # -- state ----------------------------------------------------------------------------------
