@@ -1,4 +1,6 @@
-"""save/load of tree states: bitwise continuation, atomic writes, clear errors on bad files."""
+"""save/load of tree states: bitwise continuation, atomic writes, clear errors on bad files; files of real
+stepped states (skips, AccumGrad cycles, counters at their limit, classes of your own) load. Crafted and damaged
+files: tests/test_checkpoint_hostile.py; killed writers: tests/test_checkpoint_kill.py."""
 import dataclasses
 import json
 import os
@@ -249,3 +251,93 @@ def test_wrapped_rule_states_round_trip_bitwise(tmp_path):
     np.savez(tmp_path / "bad.npz", **data)
     with pytest.raises(ValueError, match=r"leaf_master is float32\[3\], expected float32\[6\]"):
         no.load(tmp_path / "bad.npz")
+
+
+def _fingerprint(state):
+    """What a state is: its repr and every array and counter, bitwise."""
+    if isinstance(state, no.Leaf):
+        return repr(state), [a.tobytes() for a in state.arrays], state.counters.tobytes(), state.hp.tobytes()
+    c = core(state)
+    return repr(state), [(tuple(a.tobytes() for a in g.arenas), g.C.tobytes(), g.hp.tobytes()) for g in c.groups], \
+        c.frozen.tobytes(), [str(p) for p in c.structure.paths]
+
+
+def test_files_of_real_stepped_states_load(tmp_path):
+    """Skips before and after an AccumGrad, cycles cut short by adjusting n, tied and frozen leaves: each
+    intermediate state saves and loads, with the same counters."""
+    nan = np.full(3, np.nan)
+    grads = [np.ones(3), nan, np.ones(3), np.ones(3), nan, np.ones(3), np.ones(3), np.ones(3)]
+    for rule in (no.chain(no.NonFiniteGuard(), no.AccumGrad(3), no.Adam(0.1)),
+                 no.chain(no.AccumGrad(3), no.NonFiniteGuard(), no.Adam(0.1)), no.SkipNonFinite(no.Adam(0.1))):
+        x = np.ones(3)
+        s = no.setup(rule, x)
+        for k, g in enumerate(grads):
+            s, x = no.update_(s, x, g)
+            if k == 3 and s.layout.accum is not None:
+                s = no.adjust(s, n=1.0)  # a count >= n is a real state
+            no.save(tmp_path / "s.npz", s)
+            assert no.load(tmp_path / "s.npz").counters.tolist() == s.counters.tolist()
+    model = {"w": np.ones(3), "v": [np.ones(2)]}
+    model["tied"] = model["w"]
+    tree = no.setup(no.chain(no.NonFiniteGuard(), no.AccumGrad(2), no.Adam(0.1)), model)
+    no.freeze_(tree["v"][0])
+    for g in (1.0, np.nan, 1.0, 1.0):
+        tree, model = no.update_(tree, model, {"w": np.full(3, g), "v": [np.full(2, g)], "tied": np.full(3, g)})
+        no.save(tmp_path / "t.npz", tree)
+        assert _fingerprint(no.load(tmp_path / "t.npz")) == _fingerprint(tree)
+
+
+def test_rules_schedules_and_keys_of_your_own_load(tmp_path):
+    """Classes defined anywhere (here: in a function) are found among the subclasses that exist; a schedule
+    without ``_params`` is rebuilt from its attributes; brackets and quotes in keys are not nesting."""
+
+    class Halve(no.Rule):
+        lr = no.hyper(0.5, low=0.0)
+
+        @staticmethod
+        def step(g, x, lr):
+            return lr * g
+
+    class Every(no.schedules.Schedule):
+        def __init__(self, value, period):
+            self.value, self.period = float(value), int(period)
+
+        def values(self, ts):
+            return np.where(np.asarray(ts) % self.period == 0, self.value, 0.0)
+
+    warm = no.schedules.warmup_cosine(0.1, 5, 50)
+    model = {'a"[{': np.ones(2), "\\": [np.ones(3)], ("t", 1.5, None, True): np.ones(1)}
+    rule = lambda path, x: Halve(Every(0.25, 3)) if x.size == 3 else no.Adam(warm, beta1=0.8)  # noqa: E731
+    state = no.setup(rule, model)
+    no.save(tmp_path / "s.npz", state)
+    back = no.load(tmp_path / "s.npz")
+    assert _fingerprint(back) == _fingerprint(state)
+    sched = back["\\"][0].rule.lr
+    assert type(back["\\"][0].rule) is Halve and type(sched) is Every and vars(sched) == {"value": 0.25, "period": 3}
+    assert back['a"[{'].rule.lr == warm
+
+
+def test_counters_at_their_limit_load_and_step(tmp_path):
+    s = no.setup(no.Adam(0.01), np.ones(4))
+    s.counters[:2] = 2 ** 53 - 1
+    no.save(tmp_path / "s.npz", s)
+    s2, x = no.update(no.load(tmp_path / "s.npz"), np.ones(4), np.ones(4))
+    assert s2.t == 2 ** 53 and np.isfinite(x).all()
+    no.save(tmp_path / "s.npz", s2)
+    s3, _ = no.update(s2, x, np.ones(4))
+    with pytest.raises(ValueError, match=r"save: the state: step counter t=9007199254740993 is outside"):
+        no.save(tmp_path / "s.npz", s3)  # nothing load would refuse is written
+    assert no.load(tmp_path / "s.npz").t == 2 ** 53
+
+
+def test_model_deeper_than_a_checkpoint_holds_is_refused_by_save(tmp_path):
+    deep = shallow = np.ones(2)
+    for _ in range(300):
+        deep = [deep]
+    for _ in range(200):
+        shallow = {"k": shallow}
+    no.save(tmp_path / "ok.npz", no.setup(no.Descent(0.1), shallow))
+    assert repr(no.load(tmp_path / "ok.npz")) == repr(no.setup(no.Descent(0.1), shallow))
+    with pytest.raises(ValueError, match="save: the state's description nests 60[0-9] levels"):
+        no.save(tmp_path / "deep.npz", no.setup(no.Descent(0.1), deep))
+    assert sorted(os.listdir(tmp_path)) == ["ok.npz"]

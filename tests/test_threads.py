@@ -140,3 +140,19 @@ def test_separate_states_in_threads_equal_serial():
 
 def test_error_is_exported_and_a_runtime_error():
     assert no.StateInUseError is StateInUseError and issubclass(StateInUseError, RuntimeError)
+
+
+def test_save_refuses_a_state_being_stepped(tmp_path):
+    x = np.ones(4)
+    s = no.setup(no.Adam(), x)
+    tree = no.setup(no.Adam(), {"w": np.ones(4)})
+    for held, saved in ((s, s), (core(tree), tree), (core(tree), tree["w"])):
+        held.users = -1
+        with pytest.raises(StateInUseError, match="save"):
+            no.save(tmp_path / "s.npz", saved)
+        assert not (tmp_path / "s.npz").exists()
+        held.users = 1  # a reader (a pure step) does not stop a save
+        no.save(tmp_path / "s.npz", saved)
+        assert held.users == 1
+        held.users = 0
+        (tmp_path / "s.npz").unlink()
