@@ -337,3 +337,23 @@ def test_hyperparameter_beyond_float32_is_refused_for_float32_parameters():
         no.adjust_(s, lr=1e39)
     assert (_bytes(s), _bytes(x)) == before
     assert no.setup(no.Adam(lr=1e39), np.ones(3)).rule.lr == 1e39  # float64 parameters: a finite float64
+
+
+class _Box:
+    def __init__(self, w):
+        self.w = w
+
+
+def test_loaded_state_meeting_an_unregistered_container_names_it(tmp_path):
+    from numbaopt.tree import containers
+    no.register_container(_Box, lambda b: [("w", b.w)], lambda b, v: _Box(*v))
+    try:
+        m = {"b": _Box(np.ones(3))}
+        s = no.setup(no.Adam(), m)
+        s, m = no.update_(s, m, {"b": _Box(np.ones(3))})
+        no.save(tmp_path / "s.npz", s)
+    finally:
+        containers.registry.pop(_Box, None)  # as in a fresh process that did not register it
+    back = no.load(tmp_path / "s.npz")
+    with pytest.raises(TypeError, match=r"model\['b'\]: a _Box.*not registered in this process"):
+        no.update_(back, m, {"b": _Box(np.ones(3))})

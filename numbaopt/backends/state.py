@@ -167,10 +167,9 @@ class Leaf:
         self.fast = None
         self.users = 0  # see enter()
 
-    t = property(lambda self: int(self.counters[0]), lambda self, v: self.counters.__setitem__(0, v),
-                 doc="steps taken")
-    skipped = property(lambda self: int(self.counters[3]), lambda self, v: self.counters.__setitem__(3, v),
-                       doc="steps a rule asked to skip (SkipNonFinite)")
+    # read-only: the kernels keep the counters consistent with each other (a checkpoint is refused otherwise)
+    t = property(lambda self: int(self.counters[0]), doc="steps taken")
+    skipped = property(lambda self: int(self.counters[3]), doc="steps a rule asked to skip (SkipNonFinite)")
     count = property(lambda self: int(self.counters[2]), doc="gradients accumulated in the current AccumGrad cycle")
 
     @property

@@ -339,8 +339,8 @@ def _build(header, data) -> StateTree:
     groups = []
     for gi, (args, arenas, C) in enumerate(plans):
         with _at(f"group {gi}"):
-            g = Group(*args)
-            g.arenas, g.C = tuple(arenas), C
+            g = Group(*args, arenas=arenas)  # the file's arrays: the state is never allocated twice
+            g.C = C
             if len(g.members):
                 g.hp[:] = g.hp_at(int(C[0, 0]) + 1, int(C[1, 0]) + 1)
         groups.append(g)

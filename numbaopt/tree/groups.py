@@ -29,7 +29,7 @@ class Group:
     __slots__ = ("rule", "dtype", "layout", "arenas", "offsets", "sizes", "C", "hp", "members", "param_dtypes",
                  "masters", "F", "P", "act", "act_all", "kern")
 
-    def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None):
+    def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None, arenas=None):
         self.rule, self.dtype, self.members = rule, np.dtype(dtype), list(members)
         self.layout = layout = ChainLayout(rule)
         n = len(self.members)
@@ -37,7 +37,8 @@ class Group:
         self.offsets = np.zeros(n, dtype=np.int64)
         if n > 1:
             np.cumsum(self.sizes[:-1], out=self.offsets[1:])
-        self.arenas = layout.new_state(int(self.sizes.sum()), self.dtype)
+        # ``arenas``: state arrays that exist already (load: the file's, checked there), else new ones
+        self.arenas = layout.new_state(int(self.sizes.sum()), self.dtype) if arenas is None else tuple(arenas)
         self.C = np.zeros((4, n), dtype=np.int64)
         self.hp = layout.hyper_vector(1, 1, self.dtype)
         self.param_dtypes = [np.dtype(d) for d in param_dtypes]

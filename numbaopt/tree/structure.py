@@ -109,6 +109,10 @@ def walk_leaves(node, obj, prefix, out, none_ok: bool, path=()):
     if not same_type(node, obj):
         raise TypeError(f"{where(prefix, path)}: expected {describe(node)}, got {type(obj).__name__}")
     spec = container_spec(obj)
+    if spec is None:  # a state loaded from a file, whose container type this process has not registered
+        raise TypeError(f"{where(prefix, path)}: a {type(obj).__name__}, a container the state knows by name "
+                        f"({node.tname}) but that is not registered in this process; call "
+                        f"numbaopt.register_container({type(obj).__name__}, ...) as the saving process did")
     name = spec.name
     if name in ("list", "tuple", "namedtuple", "dataclass", "frozen dataclass"):
         # children read directly (no PathEntry objects): the general path walks every step
