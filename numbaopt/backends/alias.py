@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["overlapping", "written_table", "intervals", "shares"]
+__all__ = ["overlapping", "written_table", "fast_table", "fast_hits", "intervals", "shares"]
 
 try:  # NumPy 2 moved it
     from numpy.lib.array_utils import byte_bounds
@@ -50,22 +50,74 @@ def written_table(lo, hi, own) -> np.ndarray:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def hits(W, lo, hi, own) -> bool:
-    """Whether the gradient interval ``[lo, hi)`` of leaf ``own`` overlaps a row of ``W`` other than its own
-    parameter's identical interval (binary search on the sorted starts; exact scan only on a hit)."""
+def hits(W, lo, hi, own, start, stop) -> bool:
+    """Whether the gradient interval ``[lo, hi)`` of leaf ``own`` overlaps a row ``start..stop-1`` of ``W``
+    other than its own parameter's identical interval (binary search on the sorted starts; exact scan only
+    on a hit)."""
     if hi <= lo:
         return False
-    a, b = 0, W.shape[0]
-    while a < b:  # a = the number of rows starting before hi
+    a, b = start, stop
+    while a < b:  # a = the first row starting at or after hi
         m = (a + b) >> 1
         if W[m, 0] < hi:
             a = m + 1
         else:
             b = m
-    if a == 0 or W[a - 1, 2] <= lo:
+    if a == start or W[a - 1, 2] <= lo:
         return False
-    for q in range(a):
+    for q in range(start, a):
         if W[q, 1] > lo and not (W[q, 3] == own and W[q, 0] == lo and W[q, 1] == hi):
+            return True
+    return False
+
+
+def fast_table(W, param_ids, params_own: bool, arena_lo, arena_hi) -> np.ndarray:
+    """The trees' fast-path table: :func:`written_table` ``W`` plus what makes the common case one probe.
+
+    Two arrays that own their memory (NumPy's OWNDATA) never overlap unless they are the same array. So when
+    every parameter owns its memory, a gradient that owns its memory overlaps what the step writes only by
+    being another leaf's parameter (a hash probe of the parameters' object addresses) or by overlapping a
+    state arena (a few intervals); other gradients (views) take the binary search. Rows: 0 the header
+    ``(intervals, hash mask, params_own, arenas)``; then the intervals of ``W``; the arenas ``(lo, hi)``;
+    the hash slots (object address, 0 = empty).
+    """
+    n = len(param_ids)
+    size = 1
+    while size < 2 * max(n, 1):
+        size *= 2
+    H = np.zeros((size, 4), dtype=np.int64)
+    for pid in param_ids:
+        k = _slot(int(pid), size - 1)
+        while H[k, 0] != 0:
+            k = (k + 1) & (size - 1)
+        H[k, 0] = pid
+    A = np.zeros((len(arena_lo), 4), dtype=np.int64)
+    A[:, 0], A[:, 1], A[:, 3] = arena_lo, arena_hi, -1
+    head = np.array([[len(W), size - 1, int(params_own), len(A)]], dtype=np.int64)
+    return np.concatenate([head, W.reshape(-1, 4), A, H])
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _slot(addr, mask):
+    return ((addr >> 4) ^ (addr >> 13)) & mask
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def fast_hits(T, g, gown, lo, hi, j, pid) -> bool:
+    """Whether the gradient of leaf ``j`` (object address ``g``, owning its memory when ``gown``, interval
+    ``[lo, hi)``) overlaps what the step writes, by the table of :func:`fast_table` (``pid``: leaf j's
+    parameter object)."""
+    nw, mask, na = T[0, 0], T[0, 1], T[0, 3]
+    if not (gown and T[0, 2] != 0):
+        return hits(T, lo, hi, j, 1, 1 + nw)
+    if g != pid:  # not its own parameter: is it another leaf's?
+        k = 1 + nw + na + _slot(g, mask)
+        while T[k, 0] != 0:
+            if T[k, 0] == g:
+                return True
+            k = 1 + nw + na + ((k - 1 - nw - na + 1) & mask)
+    for q in range(1 + nw, 1 + nw + na):  # the arenas
+        if T[q, 0] < hi and lo < T[q, 1]:
             return True
     return False
 
@@ -73,7 +125,7 @@ def hits(W, lo, hi, own) -> bool:
 @njit(cache=True, error_model="numpy")
 def _overlapping(W, glo, ghi, gown, out):
     for k in range(glo.shape[0]):
-        out[k] = hits(W, glo[k], ghi[k], gown[k])
+        out[k] = hits(W, glo[k], ghi[k], gown[k], 0, W.shape[0])
 
 
 def overlapping(W, glo, ghi, gown) -> np.ndarray:

@@ -5,10 +5,16 @@ compiled call updates every leaf without building a typed list per step; the CPU
 array headers with the loads (:mod:`numbaopt.backends.abi`).
 """
 from numba import types
+from numba.core.cpu import CPUTargetOptions
 from numba.core import errors
 from numba.extending import intrinsic
 
-__all__ = ["as_pointer", "load_i64", "load_i32", "data_address"]
+__all__ = ["as_pointer", "load_i64", "load_i32", "data_address", "NO_NRT"]
+
+#: options for compiled functions that allocate nothing (every array is the caller's, alive for the call):
+#: without Numba's reference counting (NRT) an array argument, or an inlined helper taking an array, costs no
+#: atomic increment and decrement. ``_nrt`` is Numba's own flag; a Numba without it keeps the default.
+NO_NRT = {"_nrt": False} if hasattr(CPUTargetOptions, "_nrt") else {}
 
 
 @intrinsic
