@@ -124,11 +124,10 @@ def gather_lists(plist, glist, tab, dims, arraytype, out, W):
         if xp != tab[j, 6]:
             return j
         out[0, d] = xp
-        out[1, d] = load_i64(g + 16)
-    for j in range(n):  # aliasing: after every header was validated
-        g = load_i64(gitems + 8 * j)
-        lo = out[1, tab[j, 5]]
-        if fast_hits(W, g, (load_i32(g + 64) & OWNDATA) != 0, lo, lo + tab[j, 7], j, tab[j, 0]):
+        gp = load_i64(g + 16)
+        out[1, d] = gp
+        # aliasing, against the parameters' addresses of the plan (each is verified in its own row)
+        if fast_hits(W, g, (gf & OWNDATA) != 0, gp, gp + tab[j, 7], j, tab[j, 0]):
             return -2
     return -1
 

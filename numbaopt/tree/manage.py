@@ -3,7 +3,7 @@ copies. Each checks everything before it changes anything."""
 from __future__ import annotations
 
 from ..backends.cuda.group import DeviceMember
-from ..backends.state import adjusted_rule, enter, leave
+from ..backends.state import adjusted_rule, enter, in_use, leave
 from ..compiler import ChainLayout
 from .fastpath import FastPlan
 from .groups import TreeLeaf
@@ -16,7 +16,9 @@ __all__ = ["update_tree", "update_tree_", "adjust_tree", "adjust_tree_", "freeze
 def update_tree_(state, model, grads):
     """In place: see :func:`numbaopt.update_`."""
     c = core(state, "update_")
-    enter(c, "update_")
+    if c.users:  # enter(c) inlined (two calls fewer on the fast path): no call between the test and the store
+        raise in_use("update_", state)
+    c.users = -1
     try:
         fp = c.fast
         if fp is not None and fp.run(c, model, grads):
@@ -25,7 +27,7 @@ def update_tree_(state, model, grads):
         c.fast = FastPlan.build(c, xu, iu, fp)  # the next step of this model can take the fast path
         return state, out
     finally:
-        leave(c)
+        c.users = 0
 
 
 def update_tree(state, model, grads):
