@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["overlapping", "written_table", "fast_table", "fast_hits", "intervals", "shares"]
+__all__ = ["overlapping", "written_table", "fast_table", "fast_hits", "intervals", "shares", "aliased_leaves"]
 
 try:  # NumPy 2 moved it
     from numpy.lib.array_utils import byte_bounds
@@ -140,3 +140,32 @@ def shares(lo: int, hi: int, spans) -> bool:
     """Whether ``[lo, hi)`` overlaps one of a few ``(lo, hi)`` spans other than by being identical to it
     (a device leaf's gradient against its parameter and state arrays: a handful, no table needed)."""
     return hi > lo and any(a < hi and lo < b and not (a == lo and b == hi) for a, b in spans)
+
+
+@njit(cache=True, error_model="numpy")
+def aliased_leaves(xaddr, gaddr, nbytes, owner, alo, ahi, out):
+    """The trees' general path, in one call: ``out[k] = True`` where gradient ``k`` (at ``gaddr[k]``,
+    ``nbytes[k]`` bytes; 0: not stepped) overlaps a parameter the kernels write (``xaddr``, same sizes) other
+    than its own (``owner``: equal owners are the same leaf) or a state arena ``[alo, ahi)``. Returns the
+    number of such gradients."""
+    n, na = xaddr.shape[0], alo.shape[0]
+    W = np.empty((n + na, 4), dtype=np.int64)
+    m = 0
+    for k in range(n):
+        if gaddr[k] != 0 and nbytes[k] > 0:
+            W[m, 0], W[m, 1], W[m, 3] = xaddr[k], xaddr[k] + nbytes[k], owner[k]
+            m += 1
+    for k in range(na):
+        if ahi[k] > alo[k]:
+            W[m, 0], W[m, 1], W[m, 3] = alo[k], ahi[k], -1
+            m += 1
+    W = W[np.argsort(W[:m, 0])]
+    top = np.int64(0)
+    for q in range(m):
+        top = max(top, W[q, 1])
+        W[q, 2] = top
+    bad = 0
+    for k in range(n):
+        out[k] = gaddr[k] != 0 and hits(W, gaddr[k], gaddr[k] + nbytes[k], owner[k], 0, m)
+        bad += out[k]
+    return bad

@@ -43,12 +43,14 @@ class TreeCore:
     ``frozen`` (per unit), ``leafcache`` (leaf views) and ``fast`` (the fast path's plan for the model last
     stepped in place, or None)."""
 
-    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "users", "__weakref__")
+    __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "users", "spans",
+                 "__weakref__")
 
     def __init__(self, structure, groups, device_groups, frozen):
         self.structure, self.groups, self.device_groups, self.frozen = structure, groups, device_groups, frozen
         self.leafcache, self.fast = {}, None
         self.users = 0  # the in-use guard (numbaopt.backends.state.enter): one writer or several readers
+        self.spans = None  # arena_spans(), made on first use (a core's groups and their arenas never change)
 
     def leaf(self, u: int):
         """The state of unit ``u``: a view of its host group's leaf, or of its device group's."""
@@ -61,6 +63,14 @@ class TreeCore:
                 leaf = DeviceMember(self.device_groups[s.u_device[u]], s.u_j[u])
             self.leafcache[u] = leaf
         return leaf
+
+    def arena_spans(self) -> tuple:
+        """``(lo, hi)`` int64 arrays: the byte spans of every host group's state arenas."""
+        if self.spans is None:
+            spans = [sp for g in self.groups for sp in g.arena_spans()]
+            self.spans = (np.array([a for a, _ in spans], dtype=np.int64),
+                          np.array([b for _, b in spans], dtype=np.int64))
+        return self.spans
 
     def copy(self) -> TreeCore:
         """A deep copy (new arenas, counters, frozen flags; device groups copied on the device)."""

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ..backends import abi, pool
-from ..backends.alias import intervals, overlapping, written_table
+from ..backends.alias import aliased_leaves
 from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .collect import collect
@@ -166,7 +166,10 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
         new = grp.derive([pool.empty_like(a) for a in grp.arenas], grp.C.copy(), new_masters)
         news.append(new)
         out = (new.arenas, new.C)
-    keep = (targets, grads)  # alive until the kernels ran: the addresses point into them
+    # alive until the kernels ran: the addresses point into them; by leaf j (None: not stepped)
+    keep = [None] * n
+    for j, t_, g_ in zip(active, targets, grads):
+        keep[j] = (t_, g_)
     # the hyperparameters of each step count (one run unless a schedule meets leaves at different counts)
     if grp.layout.scheduled:
         keys = sorted({(int(grp.C[0, j]), int(grp.C[1, j])) for j in active})
@@ -198,42 +201,47 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
     return runs, keep
 
 
-def _copy_aliased(c: TreeCore, xu, iu, gu) -> None:
-    """In place: a host gradient that overlaps a parameter this step writes (other than by being its own
-    parameter) or a state arena is replaced by a copy (see :mod:`numbaopt.backends.alias`)."""
-    s = c.structure
-    gus = [u for u in range(s.n_unique) if type(gu[u]) is np.ndarray]
-    if not gus:
+def _copy_aliased(c: TreeCore, runs, keep) -> None:
+    """In place: a gradient that overlaps a parameter the kernels write (other than by being its own
+    parameter) or a state arena is replaced by a copy before anything runs (see
+    :mod:`numbaopt.backends.alias`). Checked on the kernels' own addresses, in one compiled call: strided and
+    read-only parameters are stepped through copies, written back after every gradient was read."""
+    groups = {id(run.grp): (run.grp, run.xaddr, run.gaddr) for run in runs}
+    if len(groups) == 1:
+        (grp, xaddr, gaddr), = groups.values()
+        nbytes, owner = grp.nbytes, grp.units
+    else:
+        grps = list(groups.values())
+        xaddr, gaddr = np.concatenate([v[1] for v in grps]), np.concatenate([v[2] for v in grps])
+        nbytes, owner = np.concatenate([v[0].nbytes for v in grps]), np.concatenate([v[0].units for v in grps])
+    alo, ahi = c.arena_spans()
+    bad = np.zeros(len(xaddr), dtype=np.bool_)
+    if not aliased_leaves(xaddr, gaddr, nbytes, owner, alo, ahi, bad):
         return
-    ws, own = [], []
-    for u in gus:
-        info = iu[u]
-        if info.writeable and info.backend == "cpu":
-            a = xu[u] if type(xu[u]) is np.ndarray else np.asarray(info.to_array(xu[u]))
-            if type(a) is np.ndarray:
-                ws.append(a)
-                own.append(u)
-    arenas = [a for grp in c.groups for a in grp.arenas]
-    wlo, whi = intervals(ws + arenas, addresses(ws + arenas))
-    W = written_table(wlo, whi, own + [-1] * len(arenas))
-    glo, ghi = intervals([gu[u] for u in gus], addresses([gu[u] for u in gus]))
-    for k in np.nonzero(overlapping(W, glo, ghi, gus))[0]:
-        gu[gus[k]] = gu[gus[k]].copy()
+    k0 = 0
+    for grp, _, ga in groups.values():
+        entries = keep[id(grp)]
+        for j in np.nonzero(bad[k0:k0 + len(ga)])[0]:
+            target, g = entries[j]
+            fresh = g.copy()
+            entries[j] = (target, fresh)  # kept alive with the others until the kernels ran
+            ga[j] = addresses([fresh])[0]
+        k0 += len(ga)
 
 
 def plan(c: TreeCore, model, grads, inplace: bool):
     """Check the leaves and make the runs: ``(runs, devices, posts, (new groups, new device groups), keep,
     (xu, iu))``; ``keep`` holds the temporaries the runs' addresses point into."""
     xu, iu, gu = collect(c, model, grads)
-    if inplace:
-        _copy_aliased(c, xu, iu, gu)
-    posts, news, keep = [], [], []
+    posts, news, keep = [], [], {}
     runs = []
     for grp in c.groups:
         got = _runs_of(c, grp, xu, iu, gu, inplace, posts, news)
         if got:
             runs += got[0]
-            keep.append(got[1])
+            keep[id(grp)] = got[1]
+    if inplace and runs:
+        _copy_aliased(c, runs, keep)
     devices, new_devices = [], []
     s = c.structure
     for di, dg in enumerate(c.device_groups):
