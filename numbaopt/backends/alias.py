@@ -5,39 +5,21 @@ An element loop reads ``g[i]`` before it writes ``x[i]`` and the state at the sa
 view of its own parameter (``update_(s, b[1:7], b[0:6])``), another leaf's parameter (grads ``[b, a]`` for
 the model ``[a, b]``), a state array. Such a gradient is copied before the step, so ``update_`` gives the
 numbers ``update`` gives. The single-array kernels check their own arguments (a few nanoseconds, see
-``_aliased`` in :mod:`numbaopt.compiler.prelude`); trees check here, on byte intervals: the general path
-with :func:`overlapping`, the fast path inside :func:`numbaopt.backends.abi.gather_lists` against a table
-made once per plan (:func:`written_table`).
+``_aliased`` in :mod:`numbaopt.compiler.prelude`); trees and device groups check here, on byte intervals:
+the general path and the device groups with :func:`aliased_leaves` (one compiled call), the fast path
+inside :func:`numbaopt.backends.abi.gather_lists` against a table made once per plan (:func:`fast_table`).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-__all__ = ["overlapping", "written_table", "fast_table", "fast_hits", "intervals", "shares", "aliased_leaves"]
-
-try:  # NumPy 2 moved it
-    from numpy.lib.array_utils import byte_bounds
-except ImportError:  # pragma: no cover - NumPy 1.x
-    byte_bounds = np.byte_bounds
-
-
-def intervals(arrays, addresses) -> tuple:
-    """``(lo, hi)`` byte bounds of ``arrays`` (``addresses`` their data pointers; strided ones measured)."""
-    n = len(arrays)
-    lo = np.asarray(addresses, dtype=np.int64).copy()
-    hi = np.empty(n, dtype=np.int64)
-    for k, a in enumerate(arrays):
-        if a.flags.c_contiguous:
-            hi[k] = lo[k] + a.nbytes
-        else:  # a strided view: the span of its elements
-            lo[k], hi[k] = byte_bounds(a) if a.size else (lo[k], lo[k])
-    return lo, hi
+__all__ = ["written_table", "fast_table", "fast_hits", "hits", "shares", "aliased_leaves"]
 
 
 def written_table(lo, hi, own) -> np.ndarray:
     """The rows ``(lo, hi, running max of hi, owner)`` of the non-empty written intervals, sorted by ``lo``:
-    what :func:`overlapping` and the trees' fast path search (``owner`` -1: not a parameter)."""
+    what :func:`hits` searches (``owner`` -1: not a parameter)."""
     lo, hi, own = (np.asarray(v, dtype=np.int64) for v in (lo, hi, own))
     keep = hi > lo
     lo, hi, own = lo[keep], hi[keep], own[keep]
@@ -120,20 +102,6 @@ def fast_hits(T, g, gown, lo, hi, j, pid) -> bool:
         if T[q, 0] < hi and lo < T[q, 1]:
             return True
     return False
-
-
-@njit(cache=True, error_model="numpy")
-def _overlapping(W, glo, ghi, gown, out):
-    for k in range(glo.shape[0]):
-        out[k] = hits(W, glo[k], ghi[k], gown[k], 0, W.shape[0])
-
-
-def overlapping(W, glo, ghi, gown) -> np.ndarray:
-    """A boolean per gradient interval: does it overlap a written interval of ``W`` (see :func:`hits`)?"""
-    out = np.zeros(len(glo), dtype=np.bool_)
-    if len(glo) and len(W):
-        _overlapping(W, np.asarray(glo, np.int64), np.asarray(ghi, np.int64), np.asarray(gown, np.int64), out)
-    return out
 
 
 def shares(lo: int, hi: int, spans) -> bool:

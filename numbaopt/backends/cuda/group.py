@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...compiler import ChainLayout
-from ..alias import overlapping, written_table
+from ..alias import aliased_leaves
 from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, table_stale)
@@ -200,9 +200,9 @@ class DeviceGroup:
             spans = self._arena_spans = (np.array(lo, dtype=np.int64),
                                          np.array([b + a.size * a.dtype.itemsize for b, a in zip(lo, self.arenas)],
                                                   dtype=np.int64))
-        W = written_table(np.concatenate([x, spans[0]]), np.concatenate([x + nbytes, spans[1]]),
-                          np.concatenate([leaves, np.full(len(spans[0]), -1)]))
-        bad = leaves[overlapping(W, g, g + nbytes, leaves)]
+        flags = np.zeros(len(leaves), dtype=np.bool_)
+        aliased_leaves(x, g, nbytes, leaves, spans[0], spans[1], flags)
+        bad = leaves[flags]
         if not len(bad):
             return []
         copies = []
