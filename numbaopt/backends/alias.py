@@ -14,20 +14,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["written_table", "fast_table", "fast_hits", "hits", "shares", "aliased_leaves"]
+__all__ = ["sorted_intervals", "fast_table", "fast_hits", "hits", "shares", "aliased_leaves"]
 
 
-def written_table(lo, hi, own) -> np.ndarray:
-    """The rows ``(lo, hi, running max of hi, owner)`` of the non-empty written intervals, sorted by ``lo``:
-    what :func:`hits` searches (``owner`` -1: not a parameter)."""
-    lo, hi, own = (np.asarray(v, dtype=np.int64) for v in (lo, hi, own))
-    keep = hi > lo
-    lo, hi, own = lo[keep], hi[keep], own[keep]
-    order = np.argsort(lo, kind="stable")
-    W = np.empty((len(lo), 4), dtype=np.int64)
-    W[:, 0], W[:, 1], W[:, 3] = lo[order], hi[order], own[order]
-    if len(lo):
-        W[:, 2] = np.maximum.accumulate(W[:, 1])
+@njit(cache=True, error_model="numpy")
+def sorted_intervals(lo, hi, own):
+    """The rows ``(lo, hi, running max of hi, owner)`` of the non-empty intervals ``[lo, hi)``, sorted by
+    ``lo``: what :func:`hits` searches (``owner`` -1: not a parameter)."""
+    keep = np.nonzero(hi > lo)[0]
+    order = keep[np.argsort(lo[keep])]
+    W = np.empty((order.shape[0], 4), dtype=np.int64)
+    top = np.int64(0)
+    for q in range(order.shape[0]):
+        k = order[q]
+        top = max(top, hi[k])
+        W[q, 0], W[q, 1], W[q, 2], W[q, 3] = lo[k], hi[k], top, own[k]
     return W
 
 
@@ -53,16 +54,18 @@ def hits(W, lo, hi, own, start, stop) -> bool:
     return False
 
 
-def fast_table(W, param_ids, params_own: bool, arena_lo, arena_hi) -> np.ndarray:
-    """The trees' fast-path table: :func:`written_table` ``W`` plus what makes the common case one probe.
+def fast_table(lo, hi, own, param_ids, params_own: bool, arena_lo, arena_hi) -> np.ndarray:
+    """The trees' fast-path table: the written intervals ``[lo, hi)`` of ``own`` (parameters and arenas, as
+    :func:`sorted_intervals`) plus what makes the common case one probe.
 
     Two arrays that own their memory (NumPy's OWNDATA) never overlap unless they are the same array. So when
     every parameter owns its memory, a gradient that owns its memory overlaps what the step writes only by
     being another leaf's parameter (a hash probe of the parameters' object addresses) or by overlapping a
     state arena (a few intervals); other gradients (views) take the binary search. Rows: 0 the header
-    ``(intervals, hash mask, params_own, arenas)``; then the intervals of ``W``; the arenas ``(lo, hi)``;
+    ``(intervals, hash mask, params_own, arenas)``; then the sorted intervals; the arenas ``(lo, hi)``;
     the hash slots (object address, 0 = empty).
     """
+    W = sorted_intervals(np.asarray(lo, np.int64), np.asarray(hi, np.int64), np.asarray(own, np.int64))
     n = len(param_ids)
     size = 1
     while size < 2 * max(n, 1):
@@ -76,7 +79,7 @@ def fast_table(W, param_ids, params_own: bool, arena_lo, arena_hi) -> np.ndarray
     A = np.zeros((len(arena_lo), 4), dtype=np.int64)
     A[:, 0], A[:, 1], A[:, 3] = arena_lo, arena_hi, -1
     head = np.array([[len(W), size - 1, int(params_own), len(A)]], dtype=np.int64)
-    return np.concatenate([head, W.reshape(-1, 4), A, H])
+    return np.concatenate([head, W, A, H])
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -116,22 +119,11 @@ def aliased_leaves(xaddr, gaddr, nbytes, owner, alo, ahi, out):
     ``nbytes[k]`` bytes; 0: not stepped) overlaps a parameter the kernels write (``xaddr``, same sizes) other
     than its own (``owner``: equal owners are the same leaf) or a state arena ``[alo, ahi)``. Returns the
     number of such gradients."""
-    n, na = xaddr.shape[0], alo.shape[0]
-    W = np.empty((n + na, 4), dtype=np.int64)
-    m = 0
-    for k in range(n):
-        if gaddr[k] != 0 and nbytes[k] > 0:
-            W[m, 0], W[m, 1], W[m, 3] = xaddr[k], xaddr[k] + nbytes[k], owner[k]
-            m += 1
-    for k in range(na):
-        if ahi[k] > alo[k]:
-            W[m, 0], W[m, 1], W[m, 3] = alo[k], ahi[k], -1
-            m += 1
-    W = W[np.argsort(W[:m, 0])]
-    top = np.int64(0)
-    for q in range(m):
-        top = max(top, W[q, 1])
-        W[q, 2] = top
+    n = xaddr.shape[0]
+    act = gaddr != 0
+    W = sorted_intervals(np.concatenate((xaddr[act], alo)), np.concatenate((xaddr[act] + nbytes[act], ahi)),
+                         np.concatenate((owner[act], np.full(alo.shape[0], -1, dtype=np.int64))))
+    m = W.shape[0]
     bad = 0
     for k in range(n):
         out[k] = gaddr[k] != 0 and hits(W, gaddr[k], gaddr[k] + nbytes[k], owner[k], 0, m)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import abi
-from ..backends.alias import fast_table, written_table
+from ..backends.alias import fast_table
 from .step import Order, Run, addresses, execute
 
 __all__ = ["FastPlan", "gen_gather", "Miss"]
@@ -148,12 +148,10 @@ class FastPlan:
         fp.tab[:, 6] = addresses(fp.params)
         fp.tab[:, 7] = [x.nbytes for x in fp.params]
         # what this step writes: the parameters (owner: their row) and every group's state arenas
-        arenas = [a for gi in gis for a in c.groups[gi].arenas]
-        alo = addresses(arenas) if arenas else np.zeros(0, np.int64)
-        ahi = alo + np.array([a.nbytes for a in arenas], dtype=np.int64)
-        W = written_table(np.concatenate([fp.tab[:, 6], alo]), np.concatenate([fp.tab[:, 6] + fp.tab[:, 7], ahi]),
-                          np.concatenate([np.arange(n), np.full(len(arenas), -1)]))
-        fp.W = fast_table(W, fp.tab[:, 0], all(x.flags.owndata for x in fp.params), alo, ahi)
+        alo, ahi = c.arena_spans()
+        fp.W = fast_table(np.concatenate([fp.tab[:, 6], alo]), np.concatenate([fp.tab[:, 6] + fp.tab[:, 7], ahi]),
+                          np.concatenate([np.arange(n), np.full(len(alo), -1)]), fp.tab[:, 0],
+                          all(x.flags.owndata for x in fp.params), alo, ahi)
         fp.out = np.zeros((2, max(total, 1)), dtype=np.int64)
         runs, timed = [], []
         stepped = set(us)

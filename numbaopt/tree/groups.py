@@ -27,7 +27,7 @@ class Group:
     """
 
     __slots__ = ("rule", "dtype", "layout", "arenas", "offsets", "sizes", "C", "hp", "members", "param_dtypes",
-                 "masters", "F", "P", "act", "act_all", "kern", "nbytes", "units", "spans")
+                 "masters", "F", "P", "act", "act_all", "kern", "nbytes", "units")
 
     def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None, arenas=None):
         self.rule, self.dtype, self.members = rule, np.dtype(dtype), list(members)
@@ -39,7 +39,6 @@ class Group:
             np.cumsum(self.sizes[:-1], out=self.offsets[1:])
         # ``arenas``: state arrays that exist already (load: the file's, checked there), else new ones
         self.arenas = layout.new_state(int(self.sizes.sum()), self.dtype) if arenas is None else tuple(arenas)
-        self.spans = None  # the arenas' byte spans, measured on first use (arena_spans)
         self.C = np.zeros((4, n), dtype=np.int64)
         self.hp = layout.hyper_vector(1, 1, self.dtype)
         self.param_dtypes = [np.dtype(d) for d in param_dtypes]
@@ -70,12 +69,6 @@ class Group:
             k = self.kern = kernels(self.rule, self.dtype)
         return k
 
-    def arena_spans(self) -> list:
-        """``[(lo, hi), ...]``: the byte spans of the state arenas (they never move)."""
-        if self.spans is None:
-            self.spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in self.arenas]
-        return self.spans
-
     def hp_at(self, t: int, tp: int) -> np.ndarray:
         """Hyperparameters for step ``t`` (``tp`` before an AccumGrad): ``hp`` itself when nothing is
         scheduled, else a new vector (schedules evaluated and checked; ``hp`` untouched)."""
@@ -92,7 +85,6 @@ class Group:
         new.hp = self.hp.copy()
         new.members = list(self.members)
         new._scratch()
-        new.spans = None
         return new
 
     def copy(self) -> Group:

@@ -67,9 +67,9 @@ class TreeCore:
     def arena_spans(self) -> tuple:
         """``(lo, hi)`` int64 arrays: the byte spans of every host group's state arenas."""
         if self.spans is None:
-            spans = [sp for g in self.groups for sp in g.arena_spans()]
-            self.spans = (np.array([a for a, _ in spans], dtype=np.int64),
-                          np.array([b for _, b in spans], dtype=np.int64))
+            arenas = [a for g in self.groups for a in g.arenas]
+            lo = np.array([a.ctypes.data for a in arenas], dtype=np.int64)
+            self.spans = (lo, lo + np.array([a.nbytes for a in arenas], dtype=np.int64))
         return self.spans
 
     def copy(self) -> TreeCore:
