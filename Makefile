@@ -11,7 +11,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev,progress,ref]"
+	# torch's CPU wheel, pinned: an open range would fetch a multi-GB CUDA build
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[dev,progress,ref,plot,torch,jax,docs,typing]"
 	touch $(STAMP)
 
 demo: $(STAMP)
