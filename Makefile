@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-cudasim lint bench bench-compare bench-pipeline docs clean venv
+.PHONY: demo test test-fast test-cudasim lint bench bench-continuous bench-compare bench-pipeline docs clean venv
 
 venv: $(STAMP)
 
@@ -31,8 +31,23 @@ lint: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
+# asv (docs/performance.md, "Tracking a regression"). `make bench` runs the suites in .venv, i.e. on the
+# working tree, and saves the results as the current commit's (asv saves nothing from an existing
+# environment without --set-commit-hash) in asv_benchmarks/.asv/results. `make bench-continuous` builds
+# BASE and HEAD into asv environments and fails if a benchmark got slower by more than FACTOR.
+# ASV_ARGS adds options to both (e.g. ASV_ARGS="--quick -b bench_core").
+BASE ?= main
+FACTOR ?= 1.2
+ASV_ARGS ?=
+ASV := cd asv_benchmarks && ../$(BIN)/asv
+
 bench: $(STAMP)
-	cd asv_benchmarks && ../$(BIN)/asv machine --yes >/dev/null && ../$(BIN)/asv run --quick --show-stderr --environment existing:../$(BIN)/python
+	$(ASV) machine --yes >/dev/null
+	$(ASV) run --show-stderr --environment existing:../$(BIN)/python --set-commit-hash "$$(git rev-parse HEAD)" $(ASV_ARGS)
+
+bench-continuous: $(STAMP)
+	$(ASV) machine --yes >/dev/null
+	$(ASV) continuous --show-stderr --factor $(FACTOR) $(ASV_ARGS) $(BASE) HEAD
 
 bench-compare: $(STAMP)
 	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/compare.py
@@ -40,8 +55,15 @@ bench-compare: $(STAMP)
 bench-pipeline: $(STAMP)
 	NUMBA_NUM_THREADS=1 $(BIN)/python benchmarks/pipeline.py
 
+# docs/rules.md from the rule definitions (through a temporary file: a failing generator leaves it intact),
+# then the site into site/; --strict: any warning (a broken link, a docstring griffe cannot parse) fails
 docs: $(STAMP)
-	$(BIN)/python -m numbaopt.docs > docs/rules.md
+	$(BIN)/python -m numbaopt.docs > docs/rules.md.tmp && mv docs/rules.md.tmp docs/rules.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+.PHONY: docs-serve
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

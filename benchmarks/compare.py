@@ -16,12 +16,20 @@ Variants (float32, lr 1e-3, betas 0.9/0.999, eps 1e-8):
 * ``kernel``: numbaopt's generated in-place kernel called directly (the serial one);
 * ``update_``: ``numbaopt.update_(state, x, g)``, the public call (its Python overhead included);
 * ``numpy``: Adam with in-place NumPy operations (``out=``, one scratch buffer);
+* ``torch``: ``torch.optim.Adam`` (default implementation, ``torch.set_num_threads(1)``), when torch is
+  installed;
+* ``optax``: ``optax.adam`` + ``apply_updates`` in one ``jax.jit`` with the parameters and the state
+  donated (updated in place; XLA on one thread), when jax and optax are installed;
 * chain: ``chain(WeightDecay, ClipGrad, Adam)`` fused (one generated kernel, one pass) against the
   same three rules unfused (one pass per rule, the step of each materialised in a buffer).
+
+With matplotlib it also writes ``docs/img/compare.png`` (``--plot PATH`` elsewhere, ``--no-plot`` not at
+all): time per Adam step against the parameter count, log-log, one line per library.
 """
 from __future__ import annotations
 
 import gc
+import importlib.util
 import math
 import os
 import platform
@@ -30,6 +38,8 @@ import sys
 import time
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+# one thread for XLA as well (read when jax is first imported, inside optax_variant)
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 import numba  # noqa: E402
@@ -94,6 +104,53 @@ def _map_pass(step):
         for i in range(x.shape[0]):
             out[i] = step(g[i], x[i], h)
     return run
+
+
+def have(*modules) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def torch_variant(x0, g):
+    """``torch.optim.Adam`` on a copy of ``x0`` with the fixed gradient ``g``: (loop, parameters as NumPy)."""
+    import torch
+
+    torch.set_num_threads(1)
+    p = torch.nn.Parameter(torch.from_numpy(x0.copy()))
+    p.grad = torch.from_numpy(g.copy())
+    opt = torch.optim.Adam([p], lr=LR, betas=(B1, B2), eps=EPS)
+
+    def loop(number, step=opt.step):
+        for _ in range(number):
+            step()
+
+    return loop, lambda: p.detach().numpy()
+
+
+def optax_variant(x0, g):
+    """``optax.adam`` under ``jax.jit``, parameters and state donated: (loop, parameters as NumPy)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    opt = optax.adam(LR, b1=B1, b2=B2, eps=EPS)
+
+    def step(p, s, g):
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    box = [jnp.asarray(x0)]
+    box.append(opt.init(box[0]))
+    gj = jnp.asarray(g)
+
+    def loop(number):
+        p, s = box
+        for _ in range(number):
+            p, s = step(p, s, gj)
+        jax.block_until_ready(p)
+        box[:] = [p, s]
+
+    return loop, lambda: np.asarray(box[0])
 
 
 def data(n, seed=0):
@@ -193,8 +250,21 @@ def adam_case(n: int, rounds: int):
         tn[0] = t
 
     variants = {"hand": hand, "kernel": kernel, "update_": update, "numpy": numpy}
+    others = {k: f for k, f, mods in (("torch", torch_variant, ("torch",)),
+                                      ("optax", optax_variant, ("jax", "optax"))) if have(*mods)}  # where installed
+    variants.update({k: f(x0, g)[0] for k, f in others.items()})
     number = calibrate(variants, 0.02 if n < (1 << 22) else 0.0)
     res = interleaved(variants, number, rounds)
+    # the other libraries compute Adam too: 3 steps on 64 elements agree with numbaopt's to float32 rounding
+    # (their operation order differs, so not bitwise)
+    xc = x0[:64].copy()
+    sc = no.setup(no.Adam(lr=LR, beta1=B1, beta2=B2, eps=EPS), xc)
+    for _ in range(3):
+        no.update_(sc, xc, g[:64])
+    for k, f in others.items():
+        loop, params = f(x0[:64], g[:64])
+        loop(3)
+        res[f"{k}_close"] = bool(np.allclose(params(), xc, rtol=1e-5, atol=1e-6))
     # honesty check: the generated kernel and the hand-written loop do the same arithmetic
     xa, ma, va = x0[:64].copy(), np.zeros(min(n, 64), F32), np.zeros(min(n, 64), F32)
     xb = x0[:64].copy()
@@ -274,8 +344,9 @@ def main(argv=None):
         rows.append((n, r))
         print(f"Adam {size_name(n):>5}: hand {fmt(r['hand'])}, kernel {fmt(r['kernel'])}, update_ "
               f"{fmt(r['update_'])} (update_/hand {r['update_'] / r['hand']:.3f}, kernel/hand "
-              f"{r['kernel'] / r['hand']:.3f}), numpy {fmt(r['numpy'])}; same numbers: {r['same_numbers']}",
-              flush=True)
+              f"{r['kernel'] / r['hand']:.3f}), numpy {fmt(r['numpy'])}"
+              + "".join(f", {k} {fmt(r[k])} (close: {r[k + '_close']})" for k in OTHERS if k in r)
+              + f"; same numbers: {r['same_numbers']}", flush=True)
     chains = []
     for n in (1 << 20, 1 << 24):
         rounds = (5 if quick else 11) if n < (1 << 24) else (3 if quick else 5)
@@ -292,6 +363,15 @@ def main(argv=None):
         print(f"| {size_name(n)} elements | {fmt(r['hand'])} | {fmt(r['kernel'])} | {fmt(r['update_'])} | "
               f"{r['update_'] / r['hand']:.3f} | {r['kernel'] / r['hand']:.3f} | {fmt(r['numpy'])} | "
               f"{r['numpy'] / r['update_']:.1f} |")
+    present = [k for k in OTHERS if k in rows[0][1]]
+    if present:
+        print()
+        print("| Adam, float32, 1 thread | numbaopt `update_` | NumPy in-place | "
+              + " | ".join(OTHERS[k] for k in present) + " |")
+        print("|---|---|---|" + "---|" * len(present))
+        for n, r in rows:
+            print(f"| {size_name(n)} elements | {fmt(r['update_'])} | {fmt(r['numpy'])} | "
+                  + " | ".join(f"{fmt(r[k])} ({r[k] / r['update_']:.1f}x)" for k in present) + " |")
     r16 = rows[0][1]
     print()
     print(f"Python overhead of `update_` at 16 elements: {fmt(r16['update_'] - r16['kernel'])} over the "
@@ -303,10 +383,49 @@ def main(argv=None):
         ratio = r["unfused"] / r["fused"]
         print(f"| {size_name(n)} elements | {fmt(r['fused'])} | {fmt(r['unfused'])} | {ratio:.2f} |")
     ok = all(r["same_numbers"] for _, r in rows + chains)
+    close = all(r[k + "_close"] for _, r in rows for k in OTHERS if k in r)
     print()
     print("Generated and reference variants computed identical numbers." if ok else
           "WARNING: a generated variant and its reference computed different numbers.")
-    return 0 if ok else 1
+    if not close:
+        print("WARNING: torch or optax computed different parameters than numbaopt's Adam.")
+    if "--no-plot" not in argv:
+        path = argv[argv.index("--plot") + 1] if "--plot" in argv else os.path.join(ROOT, "docs", "img",
+                                                                                    "compare.png")
+        print(plot(rows, path, timer))
+    return 0 if ok and close else 1
+
+
+OTHERS = {"torch": "torch.optim.Adam", "optax": "optax.adam (jit, donated)"}
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+
+
+def plot(rows, path, timer):
+    """Time per Adam step against the parameter count, log-log, one line per library (matplotlib's
+    ``Figure``, no pyplot). Returns what to print."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "No plot: matplotlib is not installed (pip install 'numbaopt[plot]')."
+    ns = np.array([n for n, _ in rows], dtype=float)
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    lines = [("update_", "numbaopt (update_)", "o-", 2.2), ("hand", "hand-written @njit loop", "k:", 1.0),
+             ("numpy", "NumPy (in place)", "s-", 1.4)] + \
+        [(k, OTHERS[k], m, 1.4) for k, m in (("torch", "^-"), ("optax", "d-")) if k in rows[0][1]]
+    for key, label, style, lw in lines:
+        ax.plot(ns, [r[key] for _, r in rows], style, lw=lw, ms=4, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (float32 elements)")
+    ax.set_ylabel(f"time per Adam step (s, {timer} clock)")
+    ax.set_title(f"One Adam step, 1 thread, {os.cpu_count()}-CPU machine, {time.strftime('%Y-%m-%d')} "
+                 "(make bench-compare)", fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=90)
+    return f"Plot: {os.path.abspath(path)}"
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ definition mechanism, chains, stages, the built-in rules), :mod:`.compiler` (ker
 the transactional step), :mod:`.api`, then :mod:`.loops`, :mod:`.persist` and :mod:`.docs`.
 """
 from . import schedules
-from .api import JitStep, adjust, adjust_, jit_step, setup, update, update_
+from .api import (Grad, HyperValue, JitStep, Model, RuleChooser, RuleLike, State, adjust, adjust_, jit_step, setup,
+                  update, update_)
 from .backends.cpu import parallel_threshold, set_parallel_threshold
 from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available, is_device_array, setup_device_group
 from .backends.state import Leaf, StateInUseError
 from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
-from .persist import CheckpointError, DeviceUnavailable, load, save
+from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
 from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, Chain, ClipGlobalNorm,
                     ClipGrad, ClipNorm, Descent, LAMB, LAMBDirection, LARS, Lion, Lookahead, LookaheadSync,
                     MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard, OAdam, RAdam, RMSProp, Rprop, Rule,
@@ -32,6 +33,8 @@ __all__ = [
     # the step API
     "setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Leaf", "StateInUseError",
     "parallel_threshold", "set_parallel_threshold",
+    # the types of the API (for annotations; docs/architecture.md, "Typing")
+    "State", "Model", "Grad", "RuleLike", "RuleChooser", "HyperValue",
     # defining and composing rules
     "Rule", "hyper", "option", "state", "Chain", "chain",
     # the catalogue
@@ -46,7 +49,7 @@ __all__ = [
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
     "param_info", "freeze_", "thaw_", "destructure",
     # persistence
-    "save", "load", "DeviceUnavailable", "CheckpointError",
+    "save", "load", "state_dict", "load_state_dict", "DeviceUnavailable", "CheckpointError",
     # compiled loops
     "minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult",
     # the GPU (optional: numbaopt[cuda])

@@ -7,6 +7,9 @@ whole array).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, overload
+
 import numpy as np
 
 from .backends.cpu import bind_inplace, step_array
@@ -15,13 +18,65 @@ from .backends.state import Leaf, adjusted_rule, as_rule, check_param_dtype, ent
 from .compiler import ChainLayout
 from .compiler.layout import ALIASED
 from .compiler.placement import PAGE
+from .rules.base import Rule
+from .rules.chain import Chain
+from .schedules import Schedule
 from .tree.manage import adjust_tree, adjust_tree_, update_tree, update_tree_
+from .tree.paths import Path
 from .tree.setup import setup_tree
+from .tree.state import StateTree
+from .tree.torch_models import bump_written, setup_model, torch_form
 
-__all__ = ["setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep"]
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, NDArray
+
+__all__ = ["setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Model", "Grad", "State",
+           "RuleLike", "RuleChooser", "HyperValue", "DeviceArrayLike"]
+
+# The types of the public API. A model's structure is checked when it is stepped (every message names the
+# path), not by the type checker: ``Model`` and ``Grad`` are ``Any``, and the step functions return the model
+# with the type it came in with (a pure step rebuilds the same containers).
+
+Model: TypeAlias = Any
+"""A model: one NumPy array, one device array, or a nested model (dataclasses, dicts, lists, tuples,
+namedtuples, registered containers, torch modules) whose leaves are parameters (float or complex arrays,
+tensors, scalars) and anything else, carried through unchanged."""
+Grad: TypeAlias = Any
+"""The gradients of a model: the model's structure with gradient arrays at the trained leaves (``None``
+skips a leaf); for one array, an array of its shape (or ``None``)."""
+RuleLike: TypeAlias = Rule | Chain
+"""A rule or a fused chain of rules (``numbaopt.Adam()``, ``numbaopt.chain(...)``)."""
+RuleChooser: TypeAlias = Callable[[Path, Any], Rule | Chain | None]
+"""A rule per leaf of a tree: ``fn(path, leaf) -> rule or None`` (``None``: the leaf is not trained)."""
+State: TypeAlias = Leaf | StateTree | DeviceLeaf | DeviceGroup
+"""An optimiser state, as :func:`setup` (or :func:`numbaopt.setup_device_group`, :func:`numbaopt.load`)
+returns it and the step functions take it (``isinstance(s, numbaopt.State)`` works too)."""
+HyperValue: TypeAlias = float | Schedule | Callable[[int], float]
+"""A runtime hyperparameter's value (:func:`adjust`): a number, a schedule of the step count, or any function
+of the count of steps taken (``docs/conventions.md``)."""
+
+M = TypeVar("M")  # a model, given back with its type
+A = TypeVar("A", bound="np.ndarray[Any, Any]")  # one array, given back with its dtype and shape
+D = TypeVar("D")  # a device array
+L = TypeVar("L", bound=Leaf)  # a Leaf or a DeviceLeaf, given back with its type
 
 
-def setup(rule, model):
+class DeviceArrayLike(Protocol):
+    """What a device array has (Numba device arrays, CuPy arrays, torch tensors): ``setup`` of one gives a
+    ``DeviceLeaf``; a torch tensor on the CPU has the attribute too (it raises there), and its state is a
+    one-leaf ``StateTree``."""
+
+    @property
+    def __cuda_array_interface__(self) -> Any: ...
+
+
+@overload
+def setup(rule: RuleLike, model: NDArray[Any]) -> Leaf: ...
+@overload
+def setup(rule: RuleLike, model: DeviceArrayLike) -> DeviceLeaf | StateTree: ...
+@overload
+def setup(rule: RuleLike | RuleChooser, model: Model) -> StateTree: ...
+def setup(rule: Any, model: Any) -> Any:  # the overloads above are the signature
     """Optimiser state for ``model``: one array (a :class:`numbaopt.Leaf`), one device array (a
     ``DeviceLeaf``) or a nested model (a state tree).
 
@@ -36,10 +91,19 @@ def setup(rule, model):
         return Leaf(rule, model.shape, model.dtype, master=master, layout=layout, anchor=anchor)
     if is_device_array(model):
         return setup_leaf(rule, model)
-    return setup_tree(rule, model)
+    view = setup_model(model)  # a torch module: its named parameters (docs/torch.md)
+    return setup_tree(rule, view, None if view is model else type(model).__name__)
 
 
-def update(state, model, grad):
+@overload
+def update(state: DeviceLeaf, model: D, grad: Any) -> tuple[DeviceLeaf, D]: ...
+@overload
+def update(state: DeviceGroup, model: Sequence[Any], grad: Sequence[Any]) -> tuple[DeviceGroup, list[Any]]: ...
+@overload
+def update(state: Leaf, model: A, grad: NDArray[Any] | complex | None) -> tuple[Leaf, A]: ...
+@overload
+def update(state: StateTree, model: M, grad: Grad) -> tuple[StateTree, M]: ...
+def update(state: Any, model: Any, grad: Any) -> Any:
     """Pure step: returns ``(new_state, new_model)``; ``state``, ``model`` and ``grad`` are untouched.
 
     A state is used by one thread at a time: a state another thread is stepping in place raises
@@ -55,10 +119,23 @@ def update(state, model, grad):
             return state.update(model, grad)
         finally:
             leave(state, False)
+    if type(model) is not dict or grad is model:  # a torch form (a module, named parameters): through its view
+        form = torch_form(model, grad)
+        if form is not None:
+            state, new = update_tree(state, form.view, form.grads)
+            return state, form.result(new, False)
     return update_tree(state, model, grad)
 
 
-def update_(state, model, grad):
+@overload
+def update_(state: DeviceLeaf, model: D, grad: Any) -> tuple[DeviceLeaf, D]: ...
+@overload
+def update_(state: DeviceGroup, model: Sequence[Any], grad: Sequence[Any]) -> tuple[DeviceGroup, list[Any]]: ...
+@overload
+def update_(state: Leaf, model: A, grad: NDArray[Any] | complex | None) -> tuple[Leaf, A]: ...
+@overload
+def update_(state: StateTree, model: M, grad: Grad) -> tuple[StateTree, M]: ...
+def update_(state: Any, model: Any, grad: Any) -> Any:
     """In-place step: writes the parameter (when writeable) and the state; returns ``(state, model)``.
 
     A read-only array is not written: a new (read-only) array is returned, so always use the returned model.
@@ -99,13 +176,26 @@ def update_(state, model, grad):
     if t is DeviceLeaf or t is DeviceGroup:
         enter(state, "update_")
         try:
-            return state.step(model, grad, True) if t is DeviceLeaf else state.update_(model, grad)
+            out = state.step(model, grad, True) if t is DeviceLeaf else state.update_(model, grad)
         finally:
             leave(state)
+        bump_written(model)  # torch tensors written through detach(): autograd is told
+        return out
+    if type(model) is not dict or grad is model:  # a torch form (a module, named parameters): through its view
+        form = torch_form(model, grad)
+        if form is not None:
+            state, new = update_tree_(state, form.view, form.grads)
+            return state, form.result(new, True)
     return update_tree_(state, model, grad)
 
 
-def adjust(state, **hyper):
+@overload
+def adjust(state: L, **hyper: HyperValue) -> L: ...
+@overload
+def adjust(state: StateTree, **hyper: HyperValue) -> StateTree: ...
+@overload
+def adjust(state: DeviceGroup, **hyper: HyperValue) -> DeviceGroup: ...
+def adjust(state: Any, **hyper: Any) -> Any:
     """A new state with some hyperparameters changed; moments and step counts are kept.
 
     Unknown names are a ``ValueError`` listing the valid ones. Never recompiles a kernel.
@@ -122,7 +212,13 @@ def adjust(state, **hyper):
     return adjust_tree(state, **hyper)
 
 
-def adjust_(state, **hyper):
+@overload
+def adjust_(state: L, **hyper: HyperValue) -> L: ...
+@overload
+def adjust_(state: StateTree, **hyper: HyperValue) -> StateTree: ...
+@overload
+def adjust_(state: DeviceGroup, **hyper: HyperValue) -> DeviceGroup: ...
+def adjust_(state: Any, **hyper: Any) -> Any:
     """Change hyperparameters in place; returns the state (everything is checked before anything changes)."""
     t = type(state)
     if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
@@ -147,7 +243,13 @@ class JitStep:
     ``state`` is a tuple of arrays created here on the host.
     """
 
-    def __init__(self, rule, x):
+    step: Any  #: the compiled step (a Numba dispatcher)
+    state: tuple[np.ndarray, ...]
+    hp: np.ndarray
+    rule: RuleLike
+    layout: ChainLayout
+
+    def __init__(self, rule: RuleLike, x: ArrayLike) -> None:
         rule = as_rule(rule)
         layout = ChainLayout(rule)
         if layout.accum is not None or layout.master is not None:
@@ -170,10 +272,10 @@ class JitStep:
                 return k
         raise ValueError(f"no hyperparameter {name!r}; valid: {[n for _, n in self.layout.hyper_names]}")
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter((self.step, self.state, self.hp))
 
 
-def jit_step(rule, x) -> JitStep:
+def jit_step(rule: RuleLike, x: ArrayLike) -> JitStep:
     """``step, state, hp = jit_step(rule, x)``: see :class:`JitStep`."""
     return JitStep(rule, x)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 from . import rules
 from . import schedules
@@ -46,9 +47,16 @@ def _num(v) -> str:
     return repr(v)
 
 
+def _doc(obj) -> str:
+    """``obj``'s docstring up to its first numpy-style section (``Examples`` and its doctests belong to the API
+    reference, not to the tables)."""
+    doc = inspect.getdoc(obj) or ""
+    m = re.search(r"^\w[\w ]*\n-{3,}$", doc, re.M)
+    return doc[:m.start()].rstrip() if m else doc
+
+
 def _formula(cls) -> str:
-    doc = inspect.getdoc(cls) or ""
-    return doc.split("\n\n")[0]
+    return _doc(cls).split("\n\n")[0]
 
 
 def _states(cls) -> str:
@@ -106,13 +114,13 @@ def render() -> str:
           "These names build a chain of the primitive rules above (one fused kernel).", "",
           "| name | signature | definition |", "|---|---|---|"]
     for f in composites():
-        L.append(f"| `{f.__name__}` | `{_cell(str(inspect.signature(f)))}` | {_cell(inspect.getdoc(f))} |")
+        L.append(f"| `{f.__name__}` | `{_cell(str(inspect.signature(f)))}` | {_cell(_doc(f))} |")
     L += ["", "## Stages", "",
           "Chain members that are not an elementwise step; the compiler and the step pipeline implement them, "
           "so a chain holding one is still one fused kernel per group of leaves.", ""]
     for cls in stages():
         L += [f"### `{cls.__name__}`", "", f"Hyperparameters: {_hypers(cls)}; options: {_options(cls)}; optax: "
-              f"{cls.optax}.", "", inspect.getdoc(cls), ""]
+              f"{cls.optax}.", "", _doc(cls), ""]
     L += ["## Schedules", "",
           "Any hyperparameter of any rule (also inside a chain) may be a schedule: "
           "`Adam(lr=cosine(1e-3, 1000))`. It is evaluated once per step on the host and passed to the "
@@ -122,7 +130,7 @@ def render() -> str:
         if obj is schedules.Schedule:
             continue
         sig = inspect.signature(obj)
-        L.append(f"| `{n}` | `{_cell(str(sig))}` | {_cell(inspect.getdoc(obj))} |")
+        L.append(f"| `{n}` | `{_cell(str(sig))}` | {_cell(_doc(obj))} |")
     return "\n".join(L) + "\n"
 
 

@@ -1,19 +1,36 @@
-"""Schedules: pure functions of the step count ``t`` (1-based) that can drive any hyperparameter.
+"""Schedules: pure functions of the step that can drive any hyperparameter.
 
 ``Adam(lr=cosine(1e-3, 1000))`` or ``chain(WeightDecay(linear(1e-4, 0, 500)), Adam())``: a schedule
 is evaluated once per step on the host and passed to the kernel as a runtime scalar, so it never
 recompiles anything. Every schedule is printable (its repr rebuilds it), has a vectorised
 ``values(ts)`` (used to fill hyperparameter tables for compiled loops) and ``plot()`` when matplotlib
-is installed. ``t`` counts steps from 1: ``s(1)`` is the value used by the first step.
+is installed.
+
+The step convention (one for every schedule and every function):
+
+* a numbaopt :class:`Schedule` is indexed by the step ``t``, counted from 1: ``s(1)`` is the value the
+  first step uses;
+* any other callable driving a hyperparameter (``Adam(lr=lambda c: 1e-3 * 0.99**c)``, an optax schedule,
+  ``minimize(schedule=...)``) receives the *count*, ``c = t - 1``: the number of steps already taken, 0 at the
+  first step. That is optax's ``count`` (``optax.adam(sched)`` calls ``sched(count)``) and torch's
+  ``last_epoch`` (``LambdaLR(opt, f)`` multiplies by ``f(epoch)``), so ``Adam(lr=optax_sched)`` takes the steps
+  of ``optax.adam(optax_sched)``;
+* the two agree: every schedule here equals its optax counterpart at ``count = t - 1``
+  (``cosine(v, n)(t) == optax.cosine_decay_schedule(v, n)(t - 1)``), boundaries included:
+  ``piecewise_constant([a, b], [100])`` uses ``b`` from the 101st step (count 100) on, as optax's
+  ``piecewise_constant_schedule`` and torch's ``MultiStepLR(milestones=[100])``.
+
+:func:`schedule_value` and :func:`schedule_table` apply this convention; nothing else does.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = ["Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
-           "warmup_cosine", "one_cycle", "join"]
+           "warmup_cosine", "one_cycle", "join", "schedule_value", "schedule_table", "real_scalar", "is_schedule"]
 
 
 def _num(name, v, low=None, high=None, integer=False):
@@ -62,19 +79,74 @@ class Schedule:
     def __hash__(self):
         return hash((type(self), repr(self)))
 
-    def plot(self, steps: int = 1000, ax=None):
-        """Plot the schedule over ``1..steps`` with matplotlib (an optional extra); returns the axes."""
+    def plot(self, steps: int = 1000, ax=None, path=None):
+        """Plot the schedule over ``1..steps`` with matplotlib (an optional extra); returns the axes.
+
+        With ``path`` (and no ``ax``) the figure is a ``matplotlib.figure.Figure`` saved there, outside
+        pyplot: the user's backend and open figures are left alone. Without either, pyplot's current
+        figure machinery is used as it is (no backend is set)."""
         try:
-            import matplotlib.pyplot as plt
+            import matplotlib  # noqa: F401
         except ImportError:  # keep the package importable without the plotting extra
             raise ImportError("Schedule.plot needs matplotlib: pip install 'numbaopt[plot]'") from None
         ts = np.arange(1, int(steps) + 1)
-        if ax is None:
+        if ax is None and path is not None:
+            from matplotlib.figure import Figure
+            ax = Figure().add_subplot()
+        elif ax is None:
+            import matplotlib.pyplot as plt
             _, ax = plt.subplots()
         ax.plot(ts, self.values(ts))
         ax.set_xlabel("step t")
         ax.set_title(repr(self), fontsize=8)
+        if path is not None:
+            ax.figure.savefig(path, dpi=120, bbox_inches="tight")
         return ax
+
+
+def is_schedule(v) -> bool:
+    """Whether ``v`` drives a hyperparameter per step: a :class:`Schedule` or any other callable (a class,
+    ``float`` say, is not one: it is a type, not a value)."""
+    return callable(v) and not isinstance(v, type)
+
+
+def schedule_value(s, t: int):
+    """The raw value of ``s`` for step ``t`` (counted from 1): ``s(t)`` for a :class:`Schedule`,
+    ``s(t - 1)`` (the count of steps already taken) for any other callable. See the module docstring."""
+    return s(int(t)) if isinstance(s, Schedule) else s(int(t) - 1)
+
+
+def schedule_table(s, ts) -> np.ndarray:
+    """``schedule_value(s, t)`` for every step of ``ts`` as float64: ``s.values(ts)`` for a Schedule, one
+    call per step for a function (each value a real scalar, see :func:`real_scalar`)."""
+    ts = np.asarray(ts, dtype=np.int64).reshape(-1)
+    if isinstance(s, Schedule):
+        return np.asarray(s.values(ts), dtype=np.float64).reshape(-1)
+    out = np.empty(ts.shape, dtype=np.float64)
+    for k, t in enumerate(ts.tolist()):
+        out[k] = real_scalar(s(t - 1))
+    return out
+
+
+def real_scalar(v):
+    """``v`` as a Python number when it is one real scalar: an int, a float, a NumPy scalar or a 0-d array
+    (a JAX or torch scalar, as optax schedules return); a ``TypeError`` otherwise (bool, complex, an array
+    of another shape, anything else)."""
+    if type(v) is float:  # the common case, first
+        return v
+    if isinstance(v, bool) or isinstance(v, (np.bool_, complex, np.complexfloating)):
+        raise TypeError(f"returned {v!r} ({type(v).__name__}); expected one real number")
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        return v
+    try:
+        a = np.asarray(v)
+    except Exception:  # an object NumPy cannot read is simply not a number
+        a = None
+    if a is None or a.shape != () or a.dtype.kind not in "iuf":
+        what = (f"an array of shape {a.shape}" if a is not None and a.shape != () else
+                f"{type(v).__name__} {v!r:.60}")
+        raise TypeError(f"returned {what}; expected one real number")
+    return a.item()
 
 
 def _ts(ts):
@@ -84,7 +156,7 @@ def _ts(ts):
 class constant(Schedule):
     """``value`` at every step."""
 
-    def __init__(self, value):
+    def __init__(self, value: float) -> None:
         self.value = _num("value", value)
 
     def _params(self):
@@ -97,7 +169,7 @@ class constant(Schedule):
 class linear(Schedule):
     """From ``start`` at t = 1 to ``end`` at t = 1 + steps, linearly; ``end`` afterwards."""
 
-    def __init__(self, start, end, steps):
+    def __init__(self, start: float, end: float, steps: int) -> None:
         self.start, self.end = _num("start", start), _num("end", end)
         self.steps = _num("steps", steps, low=1, integer=True)
 
@@ -113,7 +185,8 @@ class exponential(Schedule):
     """``start * decay ** ((t-1) / every)``; ``staircase=True`` floors the exponent (decays in steps);
     never below ``end`` when decaying (default 0; when growing, a non-zero ``end`` is a cap)."""
 
-    def __init__(self, start, decay, every=1, staircase=False, end=0.0):
+    def __init__(self, start: float, decay: float, every: int = 1, staircase: bool = False,
+                 end: float = 0.0) -> None:
         self.start = _num("start", start)
         self.decay = _num("decay", decay, low=0.0)
         self.every = _num("every", every, low=1, integer=True)
@@ -136,12 +209,14 @@ class exponential(Schedule):
 
 
 class piecewise_constant(Schedule):
-    """``values[0]`` until step ``boundaries[0]`` (exclusive), then ``values[1]``, ...:
-    ``piecewise_constant([1e-3, 1e-4], [100])`` uses 1e-3 for t < 100 and 1e-4 from t = 100."""
+    """``values[k]`` once ``boundaries[k-1]`` steps have been taken: ``piecewise_constant([1e-3, 1e-4], [100])``
+    uses 1e-3 for the first 100 steps (t = 1..100) and 1e-4 from the 101st (t = 101, count 100) on, as
+    optax's ``piecewise_constant_schedule(1e-3, {100: 0.1})`` and torch's ``MultiStepLR(milestones=[100],
+    gamma=0.1)``. A boundary of 0 starts at ``values[1]``."""
 
-    def __init__(self, values, boundaries):
+    def __init__(self, values: Sequence[float], boundaries: Sequence[int]) -> None:
         vals = [_num("values[i]", v) for v in values]
-        bounds = [_num("boundaries[i]", b, low=1, integer=True) for b in boundaries]
+        bounds = [_num("boundaries[i]", b, low=0, integer=True) for b in boundaries]
         if len(vals) != len(bounds) + 1:
             raise ValueError(f"piecewise_constant: {len(vals)} values need {len(vals) - 1} boundaries, "
                              f"got {len(bounds)}")
@@ -153,11 +228,12 @@ class piecewise_constant(Schedule):
         return {"values": list(self.vals), "boundaries": list(self.boundaries)}
 
     def values(self, ts):
-        idx = np.searchsorted(np.array(self.boundaries, dtype=np.int64), np.asarray(ts), side="right")
+        # the count of steps taken (t - 1) against the boundaries: optax's and torch's switch point
+        idx = np.searchsorted(np.array(self.boundaries, dtype=np.int64), np.asarray(ts) - 1, side="right")
         return np.array(self.vals, dtype=np.float64)[idx]
 
 
-def step_decay(start, factor, every):
+def step_decay(start: float, factor: float, every: int) -> exponential:
     """``start * factor ** floor((t-1)/every)`` (torch's StepLR): an exponential schedule in stairs."""
     return exponential(start, factor, every, staircase=True)
 
@@ -166,7 +242,7 @@ class cosine(Schedule):
     """Cosine decay from ``start`` to ``end`` over ``steps`` steps (t = 1 .. 1 + steps), ``end`` after:
     ``end + (start - end) * (1 + cos(pi * (t-1)/steps)) / 2``."""
 
-    def __init__(self, start, steps, end=0.0):
+    def __init__(self, start: float, steps: int, end: float = 0.0) -> None:
         self.start, self.end = _num("start", start), _num("end", end)
         self.steps = _num("steps", steps, low=1, integer=True)
 
@@ -179,15 +255,16 @@ class cosine(Schedule):
 
 
 class join(Schedule):
-    """Schedules in sequence: ``join([s0, s1, s2], [b1, b2])`` runs ``s0`` for t < b1, then ``s1``
-    restarted at its own t = 1 for b1 <= t < b2, then ``s2`` from its t = 1 at b2."""
+    """Schedules in sequence, each restarted: ``join([s0, s1, s2], [b1, b2])`` runs ``s0`` for the first
+    ``b1`` steps (t = 1..b1), then ``s1`` from its own t = 1 at t = b1 + 1 up to t = b2, then ``s2`` from its
+    t = 1 at t = b2 + 1. As optax's ``join_schedules`` (which switches when ``count >= b``, count = t - 1)."""
 
-    def __init__(self, schedules, boundaries):
+    def __init__(self, schedules: Sequence[Schedule], boundaries: Sequence[int]) -> None:
         scheds = list(schedules)
         for s in scheds:
             if not isinstance(s, Schedule):
                 raise TypeError(f"join: expected schedules, got {s!r}")
-        bounds = [_num("boundaries[i]", b, low=2, integer=True) for b in boundaries]
+        bounds = [_num("boundaries[i]", b, low=1, integer=True) for b in boundaries]
         if len(scheds) != len(bounds) + 1:
             raise ValueError(f"join: {len(scheds)} schedules need {len(scheds) - 1} boundaries, got {len(bounds)}")
         if any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
@@ -200,31 +277,34 @@ class join(Schedule):
     def values(self, ts):
         ts = np.asarray(ts, dtype=np.int64)
         out = np.empty(ts.shape, dtype=np.float64)
-        starts = (1,) + self.boundaries
-        which = np.searchsorted(np.array(self.boundaries, dtype=np.int64), ts, side="right")
+        starts = (0,) + self.boundaries  # the counts at which each schedule starts
+        which = np.searchsorted(np.array(self.boundaries, dtype=np.int64), ts - 1, side="right")
         for k, s in enumerate(self.schedules):
             sel = which == k
             if sel.any():
-                out[sel] = s.values(ts[sel] - starts[k] + 1)
+                out[sel] = s.values(ts[sel] - starts[k])
         return out
 
 
-def warmup_cosine(peak, warmup, steps, start=0.0, end=0.0):
+def warmup_cosine(peak: float, warmup: int, steps: int, start: float = 0.0, end: float = 0.0) -> join:
     """Linear warmup from ``start`` to ``peak`` over ``warmup`` steps, then cosine decay to ``end``
     (total ``steps`` including the warmup), as optax's ``warmup_cosine_decay_schedule``."""
     warmup = _num("warmup", warmup, low=1, integer=True)
     steps = _num("steps", steps, low=warmup + 1, integer=True)
-    return join([linear(start, peak, warmup), cosine(peak, steps - warmup, end)], [warmup + 1])
+    return join([linear(start, peak, warmup), cosine(peak, steps - warmup, end)], [warmup])
 
 
-def one_cycle(peak, steps, pct_start=0.25, div_factor=25.0, final_div_factor=1e4):
-    """The one-cycle policy (Smith 2018; torch's OneCycleLR with cosine annealing): from
-    ``peak/div_factor`` up to ``peak`` over ``pct_start*steps`` steps, then down to
-    ``peak/(div_factor*final_div_factor)`` after ``steps`` steps (t = steps + 1, as optax counts), both
-    halves cosine-shaped."""
+def one_cycle(peak: float, steps: int, pct_start: float = 0.3, div_factor: float = 25.0,
+              final_div_factor: float = 1e4) -> join:
+    """The one-cycle policy (Smith 2018), as optax's ``cosine_onecycle_schedule(steps, peak, pct_start,
+    div_factor, final_div_factor)``: from ``peak/div_factor`` up to ``peak`` after ``int(pct_start*steps)``
+    steps (clamped to 1..steps-1), then down to ``peak/(div_factor*final_div_factor)`` after ``steps`` steps
+    (t = steps + 1), both halves cosine-shaped. torch's ``OneCycleLR(total_steps=N)`` places its peak at
+    count ``pct_start*N - 1`` and its end at count ``N - 1``: ``one_cycle(peak, N - 1, pct)`` equals it when
+    ``int(pct*(N - 1)) == pct*N - 1`` (``N = 12, pct_start = 0.25``, say)."""
     steps = _num("steps", steps, low=2, integer=True)
     pct = _num("pct_start", pct_start, low=0.0, high=1.0)
-    up = min(max(int(round(pct * steps)), 1), steps - 1)
+    up = min(max(int(pct * steps), 1), steps - 1)  # int() truncates, as optax's boundary
     lo = peak / _num("div_factor", div_factor, low=1.0)
     final = lo / _num("final_div_factor", final_div_factor, low=1.0)
-    return join([cosine(lo, up, peak), cosine(peak, steps - up, final)], [up + 1])
+    return join([cosine(lo, up, peak), cosine(peak, steps - up, final)], [up])

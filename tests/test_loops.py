@@ -133,8 +133,8 @@ def test_complex_parameters():
 
 
 def test_schedule_inside_the_compiled_loop():
-    lrs = [0.1 / (1 + t / 10) for t in range(1, 31)]
-    sched = lambda t: 0.1 / (1 + t / 10)  # noqa: E731
+    lrs = [0.1 / (1 + c / 10) for c in range(30)]  # a function gets the count of steps taken: 0 first
+    sched = lambda c: 0.1 / (1 + c / 10)  # noqa: E731
     res = no.minimize(quad, np.zeros(6), no.Adam(0.1), args=(C,), maxiter=30, gtol=None, schedule=sched)
     ref_x, _ = numpy_adam(np.zeros(6), C, lrs)
     np.testing.assert_allclose(res.x, ref_x, rtol=1e-12, atol=1e-14)
@@ -151,7 +151,7 @@ def test_schedule_values_are_validated_before_running():
         calls.append(1)
         return quad(x, g, c)
 
-    with pytest.raises(ValueError, match="step 6: Adam: hyperparameter lr"):
+    with pytest.raises(ValueError, match="step 7: Adam: hyperparameter lr"):
         no.minimize(fun, np.zeros(6), no.Adam(0.1), args=(C,), maxiter=20, schedule=lambda t: 0.1 - 0.02 * t)
     assert not calls
     with pytest.raises(ValueError, match="unknown hyperparameter 'rate'"):

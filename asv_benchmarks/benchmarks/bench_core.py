@@ -18,8 +18,6 @@ from numba import njit
 import numbaopt as no
 from numbaopt.compiler import kernels
 
-from . import REPO
-
 F32 = np.float32
 LR, B1, B2, EPS = 1e-3, 0.9, 0.999, 1e-8
 SIZES = [16, 4096, 1 << 20, 1 << 24]
@@ -183,7 +181,8 @@ state, x = no.update_(state, x, np.ones(16, dtype=np.float32))
 
 def _child_setup(cache_dir):
     """Code run (untimed) in the fresh process before the timed first step."""
-    lines = ["import os, sys", f"sys.path.insert(0, {REPO!r})"]
+    # the fresh process imports the numbaopt this one measures (the commit asv installed, or the checkout)
+    lines = ["import os, sys", f"sys.path.insert(0, {os.path.dirname(os.path.dirname(no.__file__))!r})"]
     if cache_dir is None:  # cold: a new empty kernel cache, removed when the process exits
         lines += ["import atexit, shutil, tempfile",
                   "d = tempfile.mkdtemp(prefix='numbaopt-cold-')",

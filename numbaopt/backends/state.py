@@ -237,6 +237,38 @@ class Leaf:
         if status == 0:
             self.counters[1] += 1
 
+    # Pickling and copying. The pickled form is the state's data alone (rule, shape, dtype, arrays, counters,
+    # hyperparameters, master copy): the compiled module (``kern``) and the bound fast call (``fast``) are
+    # process-local and made again on first use, from numbaopt's disk cache (no recompile).
+    def __getstate__(self) -> dict:
+        enter(self, "pickle", False)  # not while another thread steps it: never a half-written state
+        try:  # copies, taken under the guard: pickle writes the arrays after this returns
+            return {"rule": self.rule, "shape": self.shape, "dtype": self.param_dtype.str,
+                    "arrays": [np.array(a) for a in self.arrays], "counters": self.counters.copy(),
+                    "hp": self.hp.copy(), "master": None if self.master is None else self.master.copy()}
+        finally:
+            leave(self, False)
+
+    def __setstate__(self, d: dict) -> None:
+        # the dtype by name: NumPy's own descriptor object, which the fast path compares by identity
+        master = None if d["master"] is None else np.array(d["master"])
+        anchor = 0 if master is None else master.ctypes.data
+        Leaf.__init__(self, d["rule"], d["shape"], np.dtype(d["dtype"]), counters=np.array(d["counters"]),
+                      hp=np.array(d["hp"]), master=master, anchor=anchor)
+        for a, v in zip(self.arrays, d["arrays"], strict=True):  # fresh arrays, placed as setup places them
+            a[...] = v.reshape(-1)
+
+    def __copy__(self) -> Leaf:
+        """``copy.copy`` and ``copy.deepcopy``: an independent copy, as :meth:`copy` (never shared arrays)."""
+        enter(self, "copy", False)
+        try:
+            return self.copy()
+        finally:
+            leave(self, False)
+
+    def __deepcopy__(self, memo) -> Leaf:
+        return self.__copy__()
+
     def __repr__(self):
         shape = "×".join(map(str, self.shape)) or "scalar"
         extra = f", skipped={self.skipped}" if self.skipped else ""

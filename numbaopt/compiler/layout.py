@@ -89,6 +89,8 @@ class ChainLayout:
         self.master = self.rules[0].dtype if stages[:1] == ["master"] else None
         self.reducers = [i for i, r in enumerate(self.rules) if getattr(type(r), "reduce", None) is not None]
         self.scheduled = is_scheduled(rule)
+        # per hyperparameter: (its rule, its name, whether it counts calls before an AccumGrad), for fill_hyper
+        self._hyper_refs = [(self.rules[r_i], n, self.in_prefix(r_i)) for r_i, n in self.hyper_names]
         self.acc_cols, self.fin_cols = {}, {}
         a = f = 0
         for r in self.reducers:
@@ -127,8 +129,9 @@ class ChainLayout:
         a value outside its domain is a ``ValueError`` naming the rule, hyperparameter and step, and then
         ``hp`` is left as it was."""
         tp = t if tp is None else tp
-        vals = [self.rules[r_i].value_at(n, tp if self.in_prefix(r_i) else t) for r_i, n in self.hyper_names]
-        if hp.dtype.itemsize == 4:  # float32 kernels: a finite value beyond float32 would become inf there
+        vals = [r.value_at(n, tp if pre else t) for r, n, pre in self._hyper_refs]
+        # float32 kernels: a finite value beyond float32 would become inf there (one max in the common case)
+        if hp.dtype.itemsize == 4 and vals and max(map(abs, vals)) > _F32_MAX:
             for (r_i, n), v in zip(self.hyper_names, vals):
                 if abs(v) > _F32_MAX and math.isfinite(v):
                     raise ValueError(f"{type(self.rules[r_i]).__name__}: hyperparameter {n}={v!r} is beyond float32 "

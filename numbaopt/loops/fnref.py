@@ -90,13 +90,17 @@ def compiled_entry(drv, p):
     else:
         fty, rt = fn_type(p.fun, (arr,) + atys, "fun(x, *args)")
         if p.mode == "jac":
-            jty, _ = fn_type(p.jac, (arr, arr) + atys, "jac(x, grad_out, *args)")
+            jty, jrt = fn_type(p.jac, (arr, arr) + atys, "jac(x, grad_out, *args)")
+            if jrt != types.none:  # typically the gradient returned instead of written: named if grad_out is not
+                p.jac_returned.append(f"{jrt}")
             jac = FnRef(p.jac, jty)
             jty = fnref_type(jty)
         else:
             jty, jac = types.none, None
     if not isinstance(rt, (types.Float, types.Integer)) or isinstance(rt, types.Boolean):
-        raise TypeError(f"fun must return a real scalar loss, but returns {rt}")
+        hint = ("; write the gradient into grad_out and return only the loss" if isinstance(rt, types.BaseTuple)
+                and p.mode == "fg" else "")
+        raise TypeError(f"fun must return a real scalar loss, but returns {rt}{hint}")
     fun = FnRef(p.fun, fty)
     fty = fnref_type(fty)
     sig = (fty, jty, numba.typeof(p.args)) + tuple(numba.typeof(a) for a in p._arrays()) + \
@@ -108,8 +112,3 @@ def compiled_entry(drv, p):
         entry = _entries[key] = drv.overloads[sig].entry_point
     return entry, fun, jac
 
-
-# ---------------------------------------------------------------------------------------------
-# the loop on the host: chunks, callbacks, progress
-# ---------------------------------------------------------------------------------------------
-_TARGET_CHUNK_S = 0.1

@@ -18,19 +18,68 @@ code.
 """
 from __future__ import annotations
 
+import sys
 import time
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RUNNING, driver_module
-from .problem import Problem, count, loss_value
+from .problem import DEFAULT_GTOL, Problem, count, loss_value
 from .results import BatchResult, OptimizeResult
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from ..rules.base import Rule
+    from ..rules.chain import Chain
+    from ..schedules import Schedule
+    from .spsa import SPSA
+
+    #: ``minimize(schedule=...)``: a schedule (or function of the count) for ``lr``, or one per hyperparameter
+    ScheduleArg = Schedule | Callable[[int], float] | Mapping[str, Schedule | Callable[[int], float]] | None
 
 __all__ = ["minimize", "minimize_batch"]
 
 #: the wall time a chunk of compiled iterations aims for when a progress bar is shown
 _TARGET_CHUNK_S = 0.1
+#: the shortest time between two updates of the bar's loss and gradient-norm postfix
+_POSTFIX_S = 0.1
+
+
+class Bar:
+    """The tqdm bar of ``progress=True``: iterations done (the furthest row of a batch), the loss and the
+    gradient norm as a postfix (at most every ``_POSTFIX_S``), left on screen at the end."""
+
+    def __init__(self, p):
+        # tqdm.auto only inside Jupyter: elsewhere it merely adds the cost of looking for IPython
+        if "ipykernel" in sys.modules:
+            from tqdm.auto import tqdm
+        else:
+            from tqdm import tqdm
+        self.p, self.shown, self.posted = p, 0, -np.inf
+        self.bar = tqdm(total=p.maxiter, unit="it", leave=True, dynamic_ncols=True)
+
+    def show(self, final=False):
+        p = self.p
+        now = time.perf_counter()
+        if final or now - self.posted >= _POSTFIX_S:
+            self.posted = now
+            r = int(np.nanargmin(p.F[:, 0])) if p.B > 1 and np.isfinite(p.F[:, 0]).any() else 0
+            post = {"loss": f"{p.F[r, 0]:.6g}", "|g|": f"{p.F[r, 2]:.3g}"}
+            if p.B > 1:  # the best row's loss and gradient norm, and how many rows still run
+                post["running"] = f"{int(np.sum(p.I[:, 3] == RUNNING))}/{p.B}"
+            self.bar.set_postfix(post, refresh=False)
+        done = int(np.max(p.I[:, 0]))
+        self.bar.update(done - self.shown)  # redraws at most every tqdm mininterval (0.1 s)
+        self.shown = done
+        if final:
+            self.bar.refresh()
+
+    def close(self):
+        self.bar.close()
 
 
 def run(p, compiled, callback, callback_every, progress, make_snapshot):
@@ -39,8 +88,7 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
     bar = None
     if progress:
         try:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=p.maxiter, unit="it", leave=False)
+            bar = Bar(p)
         except ImportError:
             warnings.warn("progress=True needs tqdm (pip install tqdm); running without a progress bar",
                           stacklevel=3)
@@ -50,18 +98,19 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
         chunk = 64
     else:
         chunk = total
-    shown = 0
+    first = True
     try:
         while True:
             t0 = time.perf_counter()
             run(chunk)
             dt = time.perf_counter() - t0
+            if first:  # every row has evaluated its gradient once: was grad_out written?
+                p.check_gradient_written()
+                first = False
             active = p.I[:, 3] == RUNNING
             if bar is not None:
-                done = int(np.max(p.I[:, 0]))
-                bar.update(done - shown)
-                shown = done
-                if callback is None:  # grow chunks to about _TARGET_CHUNK_S each: the bar costs nothing
+                bar.show(final=not active.any())
+                if callback is None:  # chunks of about _TARGET_CHUNK_S: Python runs ~10 times a second
                     chunk = int(min(max(chunk * min(4.0, _TARGET_CHUNK_S / max(dt, 1e-9)), 1), total))
             if not active.any():
                 break
@@ -72,6 +121,8 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
                     stop = True
                 if stop:
                     p.I[active, 3] = CALLBACK
+                    if bar is not None:
+                        bar.show(final=True)
                     break
     finally:
         if bar is not None:
@@ -112,8 +163,11 @@ def finish(p):
 # ---------------------------------------------------------------------------------------------
 # the public drivers
 # ---------------------------------------------------------------------------------------------
-def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
-             callback=None, callback_every=1, progress=False, compiled=None, history=True) -> OptimizeResult:
+def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Callable[..., Any] | SPSA | None = None,
+             *, args: tuple[Any, ...] = (), maxiter: int = 1000, gtol: float | None = DEFAULT_GTOL,
+             ftol: float | None = None, schedule: ScheduleArg = None,
+             callback: Callable[[OptimizeResult], bool | None] | None = None, callback_every: int = 1,
+             progress: bool = False, compiled: bool | None = None, history: bool = True) -> OptimizeResult:
     """Minimise ``fun`` from ``x0`` with an update rule (or a fused chain); a scipy-like driver.
 
     ``fun(x, grad_out, *args) -> loss`` writes the gradient into ``grad_out``; or give
@@ -125,13 +179,18 @@ def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=
     Each iteration evaluates the loss and gradient at ``x_k``, then stops when the gradient's 2-norm is
     ``<= gtol``, when ``|f_k - f_(k-1)| <= ftol * max(|f_k|, |f_(k-1)|, 1)``, when the loss or gradient
     is not finite, or after ``maxiter`` steps (``None`` disables a tolerance); otherwise the rule steps.
-    ``schedule`` drives hyperparameters inside the compiled loop: a schedule (or function of t) for
-    ``lr``, or a dict ``{name: schedule}`` (schedules set in the rule itself work too); every value is
+    With ``jac=SPSA(...)`` the default ``gtol`` is disabled (an estimate can be exactly zero far from a
+    minimum); an explicit ``gtol`` applies to the estimate of each iteration.
+    ``schedule`` drives hyperparameters inside the compiled loop: a numbaopt schedule, or a function of the
+    count ``c`` of steps taken (0 at the first step, as optax and torch's LambdaLR),
+    for ``lr``, or a dict ``{name: schedule}`` (schedules set in the rule itself work too); every value is
     validated before the loop starts. ``callback(result) -> stop?`` runs every ``callback_every``
     iterations with a snapshot (its ``x`` is the live array: do not modify it); returning True or raising
-    StopIteration stops. ``progress=True`` shows a tqdm bar (optional), updated between chunks sized to
-    about 0.1 s, so it costs nothing measurable. ``history=False`` keeps no loss history (it takes
-    ``maxiter + 1`` floats per problem otherwise).
+    StopIteration stops. ``progress=True`` shows a tqdm bar (optional extra) with the loss and the gradient
+    norm, left on screen at the end; the compiled loop then runs in chunks of about 0.1 s (the cost is
+    measured in docs/loops.md). ``history=False`` keeps no loss history (it takes ``maxiter + 1`` floats
+    per problem otherwise). ``fun`` (or ``jac``) must write the gradient into ``grad_out``: one that
+    returns it instead, or leaves entries unwritten, is a ``TypeError`` after the first evaluation.
     """
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
@@ -158,9 +217,11 @@ def minimize(fun, x0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=
                           grad_norm=float(p.F[0, 2]), t=t, skipped=skipped, state=p.S)
 
 
-def minimize_batch(fun, X0, rule, jac=None, *, args=(), maxiter=1000, gtol=1e-6, ftol=None, schedule=None,
-                   callback=None, callback_every=1, progress=False, compiled=None,
-                   history=True) -> BatchResult:
+def minimize_batch(fun: Callable[..., Any], X0: ArrayLike, rule: Rule | Chain | Sequence[Rule | Chain],
+                   jac: Callable[..., Any] | SPSA | None = None, *, args: tuple[Any, ...] = (), maxiter: int = 1000,
+                   gtol: float | None = DEFAULT_GTOL, ftol: float | None = None, schedule: ScheduleArg = None,
+                   callback: Callable[[BatchResult], bool | None] | None = None, callback_every: int = 1,
+                   progress: bool = False, compiled: bool | None = None, history: bool = True) -> BatchResult:
     """Minimise ``fun`` from every row of ``X0`` (shape ``(B, n)``): B independent problems at once.
 
     Each row has its own rule state, its own step count and its own stopping status; one compiled call

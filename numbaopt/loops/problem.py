@@ -6,12 +6,66 @@ from numba.core.registry import CPUDispatcher
 
 from ..backends.state import Leaf, as_rule, check_param_dtype
 from ..compiler import ChainLayout, real_dtype
-from ..schedules import Schedule
+from ..schedules import is_schedule, schedule_table
 from .drivers import driver_module, kernel_key
 from .fnref import compiled_entry
 from .spsa import SPSA
 
-__all__ = ["Problem", "is_njit", "nonneg", "count", "as_params", "schedule_values", "check_values", "schedule_slots"]
+__all__ = ["Problem", "is_njit", "nonneg", "count", "as_params", "schedule_values", "check_values", "schedule_slots",
+           "DefaultTolerance", "DEFAULT_GTOL", "checked_jac", "fill_unwritten", "unwritten_gradient"]
+
+
+class DefaultTolerance(float):
+    """A tolerance nobody chose: the signature's default. It is a ``float`` (``gtol=1e-6`` everywhere), but
+    the loops can tell it from the same number passed explicitly: with ``jac=SPSA(...)`` the default gtol is
+    disabled, because a stochastic estimate can be exactly zero (at a point of symmetry, for one draw of
+    the perturbation) far from any minimum."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return float.__repr__(self)
+
+
+#: ``gtol``'s default in :func:`minimize` and :func:`minimize_batch`
+DEFAULT_GTOL = DefaultTolerance(1e-6)
+
+# the bit pattern grad_out holds before the first evaluation: a quiet NaN with a payload no arithmetic
+# produces (computed NaNs carry an empty payload), so "still this pattern" means "never written"
+_UNWRITTEN = {8: (np.uint64, 0x7FF8_0000_DEAD_BEEF), 4: (np.uint32, 0x7FC0_BEEF)}
+
+
+def fill_unwritten(G):
+    """Fill ``G`` with the never-written pattern (real and imaginary parts of complex entries alike)."""
+    real = G.view(real_dtype(G.dtype))
+    ut, bits = _UNWRITTEN[real.dtype.itemsize]
+    real.view(ut)[...] = bits
+
+
+def unwritten_gradient(G):
+    """``(row, count)`` of the first row of ``G`` with entries still holding the never-written pattern, or
+    ``None``: called after every row has evaluated its gradient once."""
+    real = G.view(real_dtype(G.dtype))
+    ut, bits = _UNWRITTEN[real.dtype.itemsize]
+    parts = 2 if G.dtype.kind == "c" else 1  # an element is unwritten if either of its parts is
+    left = (real.view(ut) == ut(bits)).reshape(G.shape[0], -1, parts).any(axis=2).sum(axis=1)
+    rows = np.nonzero(left)[0]
+    return None if rows.size == 0 else (int(rows[0]), int(left[rows[0]]))
+
+
+def checked_jac(jac, seen):
+    """A Python ``jac`` whose first return value other than ``None`` is described in ``seen`` (typically the
+    gradient returned instead of written into ``grad_out``: the error after the first call names it)."""
+    def checked(x, g, *a):
+        r = jac(x, g, *a)
+        if r is not None and not seen:
+            seen.append(_what(r))
+    return checked
+
+
+def _what(v):
+    shape = getattr(v, "shape", ())
+    return f"an array of shape {tuple(shape)}" if shape != () else f"{type(v).__name__} {v!r:.60}"
 
 
 def loss_value(v, name: str = "fun") -> float:
@@ -20,9 +74,10 @@ def loss_value(v, name: str = "fun") -> float:
     if isinstance(v, (float, int, np.floating, np.integer)) and not isinstance(v, bool):
         return float(v)
     shape = getattr(v, "shape", ())
-    if v is None or isinstance(v, (str, bytes, bool, complex, np.complexfloating)) or shape != ():
-        what = f"an array of shape {tuple(shape)}" if shape != () else f"{type(v).__name__} {v!r:.60}"
-        raise TypeError(f"{name} must return the loss, one real number; it returned {what}")
+    if v is None or isinstance(v, (str, bytes, bool, complex, np.complexfloating, tuple, list)) or shape != ():
+        hint = ("; the gradient goes into grad_out: `def fun(x, grad_out, *args): grad_out[:] = <gradient>; "
+                "return <loss>`" if isinstance(v, (tuple, list)) else "")
+        raise TypeError(f"{name} must return the loss, one real number; it returned {_what(v)}{hint}")
     try:
         return float(v)  # a 0-d array, a torch or JAX scalar
     except (TypeError, ValueError) as e:
@@ -82,14 +137,14 @@ def as_params(x0, where, ndim):
 
 
 def schedule_values(s, ts):
-    vals = getattr(s, "values", None)
-    out = vals(ts) if vals is not None else [s(int(t)) for t in ts]
-    return np.asarray(out, dtype=np.float64).reshape(-1)
+    """The values of ``s`` for the steps ``ts`` (a Schedule at t, a function at the count t - 1: the
+    convention of :mod:`numbaopt.schedules`, as a rule's own hyperparameters)."""
+    return schedule_table(s, ts)
 
 
 def check_values(decl, owner, values):
     """Every value of a schedule table inside the hyperparameter's domain (before anything runs)."""
-    bad = np.isnan(values)
+    bad = np.isnan(values) if decl.allow_inf else ~np.isfinite(values)
     if decl.low is not None:
         bad |= (values <= decl.low) if decl.low_open else (values < decl.low)
     if decl.high is not None:
@@ -107,7 +162,7 @@ def schedule_slots(layout, schedule):
     slots = {}
     for k, (r_i, n) in enumerate(layout.hyper_names):
         v = layout.rules[r_i]._values[n]
-        if isinstance(v, Schedule):
+        if is_schedule(v):
             slots[k] = (r_i, n, v)
     if schedule is not None:
         if not isinstance(schedule, dict):
@@ -115,7 +170,7 @@ def schedule_slots(layout, schedule):
         valid = sorted({n for _, n in layout.hyper_names})
         for name, s in schedule.items():
             if not callable(s):
-                raise TypeError(f"schedule[{name!r}]: expected a Schedule or a function of t, got {s!r}")
+                raise TypeError(f"schedule[{name!r}]: expected a Schedule or a function of the step count, got {s!r}")
             ks = [k for k, (_, n) in enumerate(layout.hyper_names) if n == name]
             if not ks:
                 raise ValueError(f"schedule: unknown hyperparameter {name!r}; valid: {valid}")
@@ -134,6 +189,8 @@ class Problem:
         if not isinstance(args, tuple):
             raise TypeError(f"args must be a tuple, got {type(args).__name__}")
         self.maxiter = count("maxiter", maxiter, 0)
+        if isinstance(jac, SPSA) and isinstance(gtol, DefaultTolerance):
+            gtol = None  # an estimate, not a gradient: see DefaultTolerance
         self.gtol, self.ftol = nonneg("gtol", gtol), nonneg("ftol", ftol)
         X = as_params(X0, where, 1 if not per_row_rules else 2)
         self.X = X
@@ -182,7 +239,11 @@ class Problem:
         for i, p in enumerate(per):
             for j, k in enumerate(ks):
                 r_i, name, s = p[k]
-                vals = schedule_values(s, ts)
+                try:
+                    vals = schedule_values(s, ts)
+                except Exception as e:  # the user's function: name the hyperparameter it was computing
+                    kind = TypeError if isinstance(e, TypeError) else ValueError
+                    raise kind(f"schedule for {name!r}: {type(e).__name__}: {e}") from e
                 if vals.shape[0] != T:
                     raise ValueError(f"schedule for {name!r}: values(ts) returned {vals.shape[0]} values for "
                                      f"{T} steps")
@@ -196,6 +257,9 @@ class Problem:
         self.idx = np.array(ks, dtype=np.int64)
         self.B, self.n = B, n
         self.G = np.zeros_like(X)
+        if self.spsa is None:  # fun/jac write it: a gradient left unwritten is caught after the first call
+            fill_unwritten(self.G)
+        self.jac_returned: list = []  # what a jac returned instead of None (the first time), for the error
         if len(rules) > 1:  # initial state may depend on each row's hyperparameters (AdaGrad: eps)
             rows = [Leaf(r, (n,), self.dtype).arrays for r in rules]
             self.S = tuple(np.concatenate([a[k] for a in rows]) for k in range(len(leaf.arrays)))
@@ -227,13 +291,34 @@ class Problem:
         if not compiled:
             py = drv.py_func
             fun = checked_loss(self.fun)  # a str, None or vector loss is named, not a NumPy error or a NaN
-            return lambda nsteps: py(fun, self.jac, self.args, *self._arrays(), nsteps, *self._tail())
+            jac = None if self.jac is None else checked_jac(self.jac, self.jac_returned)  # named in errors
+            return lambda nsteps: py(fun, jac, self.args, *self._arrays(), nsteps, *self._tail())
         if not is_njit(self.fun) or (self.jac is not None and not is_njit(self.jac)):
             raise TypeError("compiled=True needs fun (and jac) to be @numba.njit functions")
         entry, fun, jac = compiled_entry(drv, self)
         arrays = self._arrays()
         tail = self._tail()
         return lambda nsteps: entry(fun, jac, self.args, *arrays, nsteps, *tail)
+
+    def check_gradient_written(self):
+        """After the first chunk (every row evaluated once): a ``TypeError`` when ``fun`` (or ``jac``) left
+        entries of ``grad_out`` unwritten, instead of a loop that "converges" on a zero gradient at ``x0``
+        or stops on a NaN."""
+        if self.spsa is not None:
+            return
+        bad = unwritten_gradient(self.G)
+        if bad is None:
+            return
+        r, k = bad
+        who = ("jac(x, grad_out, *args)", "jac") if self.mode == "jac" else ("fun(x, grad_out, *args)", "fun")
+        row = f" (row {r})" if self.B > 1 else ""
+        fix = ("`def jac(x, grad_out, *args): grad_out[:] = <gradient>`" if self.mode == "jac" else
+               "`def fun(x, grad_out, *args): grad_out[:] = <gradient>; return <loss>`, or give fun(x, *args) "
+               "-> loss with jac(x, grad_out, *args)")
+        ret = f"; it returned {self.jac_returned[0]}" if self.mode == "jac" and self.jac_returned else ""
+        raise TypeError(f"{who[0]} did not write the gradient into grad_out: {k} of {self.n} entries were left "
+                        f"unwritten at x0{row}{ret}. {who[1]} must fill grad_out in place (returning the gradient "
+                        f"does not work): {fix}")
 
     def _arrays(self):
         return (self.X, self.G, self.S, self.HP, self.TAB, self.idx, self.I, self.F, self.H)

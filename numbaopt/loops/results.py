@@ -1,6 +1,8 @@
 """What the loops return: :class:`OptimizeResult` (one problem) and :class:`BatchResult` (a batch)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = ["OptimizeResult", "BatchResult"]
@@ -17,7 +19,21 @@ class OptimizeResult:
     took), ``skipped`` (steps a rule skipped) and ``state`` (the rule's state arrays).
     """
 
-    def __init__(self, **kw):
+    # the fields, for type checkers (a callback's snapshot has x, fun, nit, grad_norm, history and t)
+    x: np.ndarray
+    fun: float
+    nit: int
+    nfev: int
+    converged: bool
+    status: int
+    message: str
+    history: np.ndarray | None
+    grad_norm: float
+    t: int
+    skipped: int
+    state: Any
+
+    def __init__(self, **kw: Any) -> None:
         self.__dict__.update(kw)
 
     @property
@@ -25,20 +41,28 @@ class OptimizeResult:
         """Alias of ``converged`` (scipy's name)."""
         return self.converged
 
-    def plot(self, ax=None, path=None, logy=True):
-        """Plot ``history`` (needs matplotlib); with ``path``, save the figure there. Returns the axes."""
+    def plot(self, ax=None, path=None, logy=True, label=None):
+        """Plot ``history`` (the loss per iteration; one line per row of a batch) with matplotlib (an
+        optional extra); with ``path``, save the figure there. Returns the axes.
+
+        With ``path`` and no ``ax`` the figure is a ``matplotlib.figure.Figure`` outside pyplot, so the
+        user's backend and open figures are left alone; without either, pyplot's current state is used
+        as it is (no backend is chosen here). ``logy`` uses a log scale when every value is positive."""
         try:
-            import matplotlib
-            if ax is None and path is not None:
-                matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            import matplotlib  # noqa: F401
         except ImportError as e:  # optional extra
             raise ImportError("OptimizeResult.plot needs matplotlib (pip install numbaopt[plot])") from e
-        if ax is None:
+        if self.history is None:
+            raise ValueError("plot: no history to plot (the loop ran with history=False)")
+        if ax is None and path is not None:
+            from matplotlib.figure import Figure
+            ax = Figure(figsize=(6, 4)).add_subplot()
+        elif ax is None:
+            import matplotlib.pyplot as plt
             _, ax = plt.subplots(figsize=(6, 4))
         h = np.atleast_2d(self.history)
-        for row in h:
-            ax.plot(np.arange(row.shape[0]), row)
+        for i, row in enumerate(h):
+            ax.plot(np.arange(row.shape[0]), row, label=label if i == 0 else None)
         if logy and np.all(h[np.isfinite(h)] > 0):
             ax.set_yscale("log")
         ax.set_xlabel("iteration")
@@ -63,6 +87,17 @@ class BatchResult(OptimizeResult):
     (``x`` is ``(B, n)``; ``fun``, ``nit``, ``nfev``, ``converged``, ``status``, ``grad_norm``, ``t`` are
     length-B arrays; ``message`` a list; ``history`` is ``(B, max(nit) + 1)``, NaN after a row stopped).
     """
+
+    # per row: arrays where OptimizeResult has scalars (so not substitutable for it in a type checker's eyes)
+    fun: np.ndarray  # type: ignore[assignment]
+    nit: np.ndarray  # type: ignore[assignment]
+    nfev: np.ndarray  # type: ignore[assignment]
+    converged: np.ndarray  # type: ignore[assignment]
+    status: np.ndarray  # type: ignore[assignment]
+    message: list[str]  # type: ignore[assignment]
+    grad_norm: np.ndarray  # type: ignore[assignment]
+    t: np.ndarray  # type: ignore[assignment]
+    skipped: np.ndarray  # type: ignore[assignment]
 
     def row(self, r: int) -> OptimizeResult:
         """Row ``r`` as an :class:`OptimizeResult`."""

@@ -23,8 +23,9 @@ class SPSA:
     Defaults are Spall's ``alpha=0.602``, ``gamma=0.101``. Real parameters only.
     """
 
-    def __init__(self, c=0.1, gamma=0.101, a=1.0, A=0.0, alpha=0.602, seed=None):
-        vals = {}
+    def __init__(self, c: float = 0.1, gamma: float = 0.101, a: float = 1.0, A: float = 0.0, alpha: float = 0.602,
+                 seed: int | None = None) -> None:
+        vals: dict[str, float] = {}
         for name, v, low in (("c", c, True), ("gamma", gamma, False), ("a", a, True), ("A", A, False),
                              ("alpha", alpha, False)):
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):

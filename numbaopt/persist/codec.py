@@ -19,7 +19,7 @@ import numpy as np
 from ..rules.base import Rule
 from ..rules.chain import Chain
 from ..schedules import Schedule
-from ..tree.containers import BUILTIN_SPECS, DICT, LIST, TUPLE, ContainerSpec, registry
+from ..tree.containers import BUILTIN_SPECS, DICT, JAX_PYTREE, LIST, TUPLE, ContainerSpec, registry
 from ..tree.paths import PathEntry
 from ..tree.structure import Node
 from .checks import as_bool, as_dict, as_int, as_list, as_str
@@ -100,6 +100,8 @@ def _check_entries(spec, entries, what: str) -> None:
     elif spec is DICT:
         if any(e.kind != "key" for e in entries):
             raise CheckpointError(f"{what}: a dict entry that is not a key")
+    elif spec is JAX_PYTREE:  # JAX's own keys: attributes, dict keys and indices may mix in one node
+        pass
     elif spec.name in BUILTIN_SPECS:  # namedtuples and dataclasses: fields
         if any(e.kind != "attr" or not isinstance(e.key, str) for e in entries):
             raise CheckpointError(f"{what}: a {spec.name} field that is not a name")
@@ -246,6 +248,13 @@ def dec_value(v, what: str = "value"):
 def enc_rule(r):
     if isinstance(r, Chain):
         return {"chain": [enc_rule(m) for m in r.rules]}
+    for k, v in r._values.items():
+        if callable(v) and not isinstance(v, (Schedule, type)):  # code, not data: it cannot be written by value
+            raise ValueError(f"save: {type(r).__name__}: hyperparameter {k} is driven by the function "
+                             f"{getattr(v, '__qualname__', None) or repr(v)}, which a checkpoint cannot hold; use a "
+                             f"numbaopt schedule (numbaopt.schedules: saved by value), or "
+                             f"numbaopt.adjust(state, {k}=<number>) before saving and set the function again "
+                             f"after load; nothing was written")
     return {"rule": qual(type(r)), "values": {k: enc_value(v) for k, v in r._values.items()}}
 
 

@@ -37,7 +37,8 @@ from .checks import (MAX_COUNT, MAX_ELEMENTS, as_bool, as_dict, as_int, as_list,
 from .codec import dec_node, dec_rule, enc_node, enc_rule
 from .files import CheckpointError
 
-__all__ = ["save", "load", "DeviceUnavailable"]
+__all__ = ["save", "load", "DeviceUnavailable", "reading", "encode", "decode", "structure_of", "at",
+           "DECODE_ERRORS"]
 
 _LEAF_FILE = ("format", "version", "kind", "leaf")
 _TREE_FILE = ("format", "version", "kind", "tree", "pos_u", "pos_param", "units", "groups", "device_groups",
@@ -45,8 +46,8 @@ _TREE_FILE = ("format", "version", "kind", "tree", "pos_u", "pos_param", "units"
 _UNIT = ("shape", "dtype", "kind", "tieable", "group", "device", "j", "positions")
 #: what code reading a damaged header may raise before one of its own checks does (they all become a
 #: CheckpointError; MemoryError is not among them: the checks keep a file from causing one)
-_DECODE_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError, ArithmeticError, RecursionError,
-                  NotImplementedError)
+DECODE_ERRORS = (KeyError, TypeError, IndexError, AttributeError, ValueError, ArithmeticError, RecursionError,
+                 NotImplementedError)
 
 
 class DeviceUnavailable(RuntimeError):
@@ -54,13 +55,13 @@ class DeviceUnavailable(RuntimeError):
 
 
 @contextmanager
-def _at(where: str):
+def at(where: str):
     """Refusals inside name ``where`` (the leaf, group or table)."""
     try:
         yield
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    except _DECODE_ERRORS as e:
+    except DECODE_ERRORS as e:
         raise CheckpointError(f"{where}: {e}" if isinstance(e, (TypeError, ValueError)) else
                               f"{where}: {type(e).__name__}: {e}") from None
 
@@ -213,7 +214,7 @@ def _units(s, units, npos) -> None:
         raise CheckpointError("the tie table does not match the positions")
 
 
-def _structure(header) -> Structure:
+def structure_of(header) -> Structure:
     s = Structure()
     counter = [0]
     s.root = dec_node(header["tree"], counter)
@@ -316,20 +317,20 @@ def _device_plan(s, di, dd, data):
 
 def _build(header, data) -> StateTree:
     as_dict(header, "its header", _TREE_FILE)
-    with _at("the tree"):
-        s = _structure(header)
+    with at("the tree"):
+        s = structure_of(header)
     group_ds, device_ds = as_list(header["groups"], "groups"), as_list(header["device_groups"], "device_groups")
     if any(g is not None and g >= len(group_ds) for g in s.u_group) or \
             any(d is not None and d >= len(device_ds) for d in s.u_device):
         raise CheckpointError("a leaf belongs to a group the file does not describe")
     plans, device_plans, expected = [], [], set()
     for gi, gd in enumerate(group_ds):
-        with _at(f"group {gi}"):
+        with at(f"group {gi}"):
             plan, names = _group_plan(s, gi, gd, data)
         plans.append(plan)
         expected |= names
     for di, dd in enumerate(device_ds):
-        with _at(f"device group {di}"):
+        with at(f"device group {di}"):
             plan, names = _device_plan(s, di, dd, data)
         device_plans.append(plan)
         expected |= names
@@ -338,7 +339,7 @@ def _build(header, data) -> StateTree:
     # everything is checked: what is allocated now is as large as the arrays the file holds
     groups = []
     for gi, (args, arenas, C) in enumerate(plans):
-        with _at(f"group {gi}"):
+        with at(f"group {gi}"):
             g = Group(*args, arenas=arenas)  # the file's arrays: the state is never allocated twice
             g.C = C
             if len(g.members):
@@ -347,7 +348,7 @@ def _build(header, data) -> StateTree:
     s.u_compute = [None if s.u_group[u] is None else groups[s.u_group[u]].dtype for u in range(s.n_unique)]
     device_groups = []
     for di, (leaves, where) in enumerate(device_plans):
-        with _at(f"device group {di}"):
+        with at(f"device group {di}"):
             host = [Leaf(rule, shape, dt, arrays=a, t=t, skipped=k) for rule, shape, dt, a, t, k in leaves]
         device_groups.append(_to_device(lambda host=host: DeviceGroup.from_host(host), where))
     return new_state(s, groups, device_groups, frozen)
@@ -357,35 +358,50 @@ def _build(header, data) -> StateTree:
 # the entry points
 
 
-def save(path, state) -> None:
+def save(path: str | os.PathLike[str], state: Leaf | DeviceMember | StateTree) -> None:
     """Write ``state`` to ``path`` (``.npz``), atomically: a crash or kill at any moment leaves the old file
     or the new one, complete (a killed writer's temporary file is removed by the next save or load).
 
     ``state`` is a tree's state (from :func:`numbaopt.setup` on a model) or one array's
     (:class:`numbaopt.Leaf`, a leaf of a tree's state, a ``DeviceLeaf``: GPU state is copied to the host).
     A state whose file ``load`` would refuse (step counters beyond 2**53 or inconsistent, a model nested
-    deeper than a checkpoint holds) is a ``ValueError``, and nothing is written.
+    deeper than a checkpoint holds) is a ``ValueError``, and nothing is written. While it writes, a step of
+    the state in another thread is refused (:class:`numbaopt.StateInUseError`): the file is never torn.
     """
+    with reading(state, "save"):
+        header, arrays = encode(state)
+        files.write(path, header, arrays)
+
+
+def encode(state):
+    """``(header, arrays)``: ``state`` as a file holds it (the arrays may be the state's own: call it inside
+    :func:`reading`). A state ``load`` would refuse is a ``ValueError``."""
     arrays = {}
     if isinstance(state, (Leaf, DeviceMember)):
-        holder = _holder(state)
-        enter(holder, "save", False)  # a state being stepped by another thread is not saved half-written
-        try:
-            header = {"format": files.FORMAT, "version": files.VERSION, "kind": "leaf",
-                      "leaf": _leaf_entry(state, "leaf", arrays)}
-        finally:
-            leave(holder, False)
+        header = {"format": files.FORMAT, "version": files.VERSION, "kind": "leaf",
+                  "leaf": _leaf_entry(state, "leaf", arrays)}
     else:
-        if not isinstance(state, StateTree):
-            raise TypeError(f"save: expected a state from numbaopt.setup (a tree's or one array's), "
-                            f"got {type(state).__name__}")
-        c = core(state, "save")
-        enter(c, "save", False)
-        try:
-            header = _tree_header(c, arrays)
-        finally:
-            leave(c, False)
-    files.write(path, header, arrays)
+        header = _tree_header(core(state, "save"), arrays)
+    return header, arrays
+
+
+@contextmanager
+def reading(state, fname: str):
+    """The block runs with ``state`` marked in use by a reader (see :func:`numbaopt.backends.state.enter`): a
+    state being stepped by another thread is refused, and none can start stepping it meanwhile, so what
+    the block reads is never half-written. Anything but a state is a ``TypeError``."""
+    if isinstance(state, (Leaf, DeviceMember)):
+        holder = _holder(state)
+    elif isinstance(state, StateTree):
+        holder = core(state, fname)
+    else:
+        raise TypeError(f"{fname}: expected a state from numbaopt.setup (a tree's or one array's), "
+                        f"got {type(state).__name__}")
+    enter(holder, fname, False)
+    try:
+        yield
+    finally:
+        leave(holder, False)
 
 
 class _Unguarded:
@@ -403,8 +419,9 @@ def _holder(state):
     return state
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Leaf | StateTree:
     """Read a state written by :func:`save` (a tree's state, or one array's ``Leaf``/``DeviceLeaf``).
+    (``numbaopt.load`` also takes a state dict: :func:`numbaopt.persist.statedict.load`.)
 
     A file that is not a numbaopt state, or is damaged, crafted or inconsistent, is a
     :class:`CheckpointError` (a ``ValueError``) naming the file and what is wrong; a file that cannot be
@@ -414,15 +431,22 @@ def load(path):
     header, data = files.read(path)
     path = os.fspath(path)
     try:
+        return decode(header, data)
+    except CheckpointError as e:
+        raise CheckpointError(f"load: {path}: {e}") from None
+
+
+def decode(header, data):
+    """The state a file's ``header`` and arrays ``data`` describe (:func:`files.read` checked the format and
+    version); every refusal is a :class:`CheckpointError`."""
+    try:
         kind = header.get("kind")
         if kind == "leaf":
             as_dict(header, "its header", _LEAF_FILE)
-            with _at("the state"):
+            with at("the state"):
                 return _leaf_from(header["leaf"], data)
         if kind != "tree":
             raise CheckpointError(f"unknown state kind {kind!r:.40}")
         return _build(header, data)
-    except CheckpointError as e:
-        raise CheckpointError(f"load: {path}: {e}") from None
-    except _DECODE_ERRORS as e:  # a check missing above: still the file's fault, still refused
-        raise CheckpointError(f"load: {path} is inconsistent ({type(e).__name__}: {e})") from None
+    except DECODE_ERRORS as e:  # a check missing above: still the file's fault, still refused
+        raise CheckpointError(f"it is inconsistent ({type(e).__name__}: {e})") from None

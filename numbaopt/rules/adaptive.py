@@ -12,6 +12,14 @@ class RMSProp(Rule):
     """RMSProp: ``q = rho*q + (1-rho)*|g|^2``; centred also ``l = rho*l + (1-rho)*g``;
     ``d = lr * g / (sqrt(q - |l|^2) + eps)`` (eps outside the square root);
     ``eps_in_sqrt=True``: ``d = lr * g / sqrt(q - |l|^2 + eps)`` (optax's default).
+
+    Tieleman and Hinton, Lecture 6.5, 2012. https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.RMSProp(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.3692 -1.3087]
     """
     lr = hyper(0.001, low=0.0)
     rho = hyper(0.9, **UNIT)
@@ -38,6 +46,14 @@ class RMSProp(Rule):
 class Adam(Rule):
     """Adam (Kingma & Ba, 2015): ``m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*|g|^2;
     d = lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)``.
+
+    Kingma and Ba, "Adam: A Method for Stochastic Optimization", 2015. https://arxiv.org/abs/1412.6980
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Adam(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.7016 -1.7006]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -63,6 +79,14 @@ class Adam(Rule):
 class AdamW(Rule):
     """AdamW: ``a`` = the Adam direction with lr = 1; coupled (torch's AdamW): ``d = lr * (a + wd * x)``;
     ``couple=False``: ``d = lr * a + wd * x``.
+
+    Loshchilov and Hutter, "Decoupled Weight Decay Regularization", 2019. https://arxiv.org/abs/1711.05101
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AdamW(lr=0.1, weight_decay=0.5), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.575 -1.431]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -93,6 +117,14 @@ class AdamW(Rule):
 class AdaGrad(Rule):
     """AdaGrad: ``acc = acc + |g|^2`` (starting at ``initial_accumulator``, which defaults to eps as in
     Optimisers.jl); ``d = lr * g / (sqrt(acc) + eps)``; ``eps_in_sqrt=True``: ``d = lr * g / sqrt(acc + eps)``.
+
+    Duchi, Hazan and Singer, "Adaptive Subgradient Methods...", 2011. https://jmlr.org/papers/v12/duchi11a.html
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AdaGrad(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.7805 -1.7758]
     """
     lr = hyper(0.1, low=0.0)
     eps = hyper(1e-8, low=0.0)
@@ -122,6 +154,14 @@ class RAdam(Rule):
     """Rectified Adam: ``rinf = 2/(1-b2) - 1; r = rinf - 2*t*b2^t/(1-b2^t)``; if ``r > threshold``:
     ``d = lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps) * sqrt((r-4)(r-2)rinf / ((rinf-4)(rinf-2)r))``,
     else ``d = lr * m/(1-b1^t)`` (m, v as Adam).
+
+    Liu et al., "On the Variance of the Adaptive Learning Rate and Beyond", 2020. https://arxiv.org/abs/1908.03265
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.RAdam(lr=0.1), x)   # r <= 4 at first: no adaptive term
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.4623 -0.9246]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -156,6 +196,14 @@ class RAdam(Rule):
 class AdaMax(Rule):
     """AdaMax: ``m`` as Adam; ``u = max(b2*u, |g|)``; ``d = (lr/(1-b1^t)) * m / (u + eps)``;
     ``eps_in_max=True`` (torch, optax): ``u = max(b2*u, |g| + eps); d = (lr/(1-b1^t)) * m / u``.
+
+    Kingma and Ba, "Adam: A Method for Stochastic Optimization", 2015, sec. 7. https://arxiv.org/abs/1412.6980
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AdaMax(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.7155 -1.7076]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -185,6 +233,14 @@ class AdaMax(Rule):
 class OAdam(Rule):
     """Optimistic Adam: ``term = lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`` (m, v as Adam);
     ``d = 2*term - previous term``.
+
+    Daskalakis, Ilyas, Syrgkanis and Zeng, "Training GANs with Optimism", 2018. https://arxiv.org/abs/1711.00141
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.OAdam(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.6178 -1.6076]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.5, **UNIT)
@@ -213,6 +269,14 @@ class OAdam(Rule):
 class AdaDelta(Rule):
     """AdaDelta (no learning rate): ``acc = rho*acc + (1-rho)*|g|^2;
     d = g * sqrt(dacc + eps) / sqrt(acc + eps); dacc = rho*dacc + (1-rho)*|d|^2``.
+
+    Zeiler, "ADADELTA: An Adaptive Learning Rate Method", 2012. https://arxiv.org/abs/1212.5701
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AdaDelta(rho=0.9, eps=1e-2), x)   # a large eps: visible steps
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.249  -1.1263]
     """
     rho = hyper(0.9, **UNIT)
     eps = hyper(1e-8, low=0.0)
@@ -234,6 +298,14 @@ class AMSGrad(Rule):
     ``correction="none"`` (Optimisers.jl): ``vhat = max(vhat, v); d = lr * m / (sqrt(vhat) + eps)``;
     ``"torch"``: ``vhat = max(vhat, v); d = lr * (m/(1-b1^t)) / (sqrt(vhat)/sqrt(1-b2^t) + eps)``;
     ``"optax"``: ``vhat = max(vhat, v/(1-b2^t)); d = lr * (m/(1-b1^t)) / (sqrt(vhat) + eps)``.
+
+    Reddi, Kale and Kumar, "On the Convergence of Adam and Beyond", 2018. https://arxiv.org/abs/1904.09237
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AMSGrad(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [-0.1621 -0.7829]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -270,6 +342,14 @@ class NAdam(Rule):
     """Nesterov Adam (Optimisers.jl's form, Dozat's Algorithm 2): m, v as Adam;
     ``d = lr * (b1*m/(1-b1^(t+1)) + (1-b1)*g/(1-b1^t)) / (sqrt(v*b2/(1-b2^t)) + eps)``;
     ``b2_factor=False`` (optax) drops the ``b2`` under the square root.
+
+    Dozat, "Incorporating Nesterov Momentum into Adam", 2016. https://openreview.net/forum?id=OM0jvwB8jIp57ZJjtNEZ
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.NAdam(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.6404 -1.6341]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -299,6 +379,14 @@ class NAdam(Rule):
 class AdaBelief(Rule):
     """AdaBelief: ``m = b1*m + (1-b1)*g; s = b2*s + (1-b2)*|g-m|^2 + eps;
     d = lr * (m/(1-b1^t)) / (sqrt(s/(1-b2^t)) + eps)``.
+
+    Zhuang et al., "AdaBelief Optimizer: Adapting Stepsizes by the Belief...", 2020. https://arxiv.org/abs/2010.07468
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AdaBelief(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.6523 -1.6506]
     """
     lr = hyper(0.001, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -325,6 +413,15 @@ class Yogi(Rule):
     """Yogi (Zaheer et al. 2018, optax's form): ``m = b1*m + (1-b1)*g;
     v = v - (1-b2) * sign(v - |g|^2) * |g|^2; d = lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)``;
     m and v start at ``initial_value``.
+
+    Zaheer et al., "Adaptive Methods for Nonconvex Optimization", 2018.
+    https://papers.nips.cc/paper/2018/hash/90365351ccc7437a1309dc64e4db32a3-Abstract.html
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Yogi(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.7018 -1.7008]
     """
     lr = hyper(1e-2, low=0.0)
     beta1 = hyper(0.9, **UNIT)
@@ -356,6 +453,14 @@ class Adan(Rule):
     """Adan (Xie et al. 2022, the reference implementation's convention): ``diff = g - gp`` (0 at t = 1);
     ``m = b1*m + (1-b1)*g; dm = b2*dm + (1-b2)*diff; n = b3*n + (1-b3)*|g + b2*diff|^2``;
     ``d = lr * ((m/(1-b1^t) + b2*dm/(1-b2^t)) / (sqrt(n/(1-b3^t)) + eps) + wd*x)``; ``gp = g``.
+
+    Xie, Zhou, Li, Lin and Yan, "Adan: Adaptive Nesterov Momentum Algorithm...", 2022. https://arxiv.org/abs/2208.06677
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Adan(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.7021 -1.7006]
     """
     lr = hyper(1e-3, low=0.0)
     beta1 = hyper(0.98, **UNIT)

@@ -31,8 +31,9 @@ import textwrap
 
 import numpy as np
 
-from ..schedules import Schedule
+from ..schedules import Schedule, is_schedule, real_scalar, schedule_value
 from .ops import STEP_NAMESPACE
+from .spellings import unknown_keyword_message
 
 __all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "is_scheduled", "function_source",
            "step_args"]
@@ -182,6 +183,7 @@ class Rule(metaclass=_RuleMeta):
         cls._hypers, cls._options, cls._states = hypers, options, states
         if "step" in vars(cls):
             _check_step(cls)
+        cls.__signature__ = _constructor_signature(cls)
 
     def __init__(self, *args, **kwargs):
         names = list(self._hypers) + list(self._options)
@@ -195,14 +197,13 @@ class Rule(metaclass=_RuleMeta):
             kwargs[n] = a
         unknown = set(kwargs) - set(names)
         if unknown:
-            raise ValueError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
-                             f"valid: {names}")
+            raise ValueError(unknown_keyword_message(type(self), kwargs, unknown))
         owner = type(self).__name__
         values = {}
         for n, h in self._hypers.items():
             v = kwargs.get(n, h.default)
-            if isinstance(v, Schedule):
-                h.check(owner, v(1))  # validated at its first value; every value is validated on use
+            if is_schedule(v):
+                _scheduled_value(owner, h, v, 1)  # its first value checked now; every value is checked on use
                 values[n] = v
             else:
                 values[n] = h.check(owner, v)
@@ -231,8 +232,7 @@ class Rule(metaclass=_RuleMeta):
         vals = dict(self._values)
         unknown = set(kw) - set(vals)
         if unknown:
-            raise ValueError(f"{type(self).__name__}: unknown hyperparameter(s) {sorted(unknown)}; "
-                             f"valid: {list(vals)}")
+            raise ValueError(unknown_keyword_message(type(self), kw, unknown))
         vals.update(kw)
         return type(self)(**vals)
 
@@ -247,16 +247,14 @@ class Rule(metaclass=_RuleMeta):
         return tuple(s for s in self._states.values() if s.when is None or self._values[s.when])
 
     def value_at(self, name: str, t: int) -> float:
-        """Hyperparameter ``name`` for step ``t`` (a schedule evaluated and its value checked against the
-        domain: a ``ValueError`` names the rule, the hyperparameter and the step)."""
+        """Hyperparameter ``name`` for step ``t`` (counted from 1). A schedule is evaluated
+        (:func:`numbaopt.schedules.schedule_value`: a numbaopt Schedule at ``t``, any other function at the
+        count ``t - 1``) and its value checked: a value that is not one real number in the domain, or a
+        function that raises, is a ``TypeError``/``ValueError`` naming the rule, the hyperparameter and the step."""
         v = self._values[name]
-        if not isinstance(v, Schedule):
+        if type(v) is float:  # every constant is stored as a float: the unscheduled path stops here
             return v
-        h = self._hypers[name]
-        try:
-            return h.check(type(self).__name__, v(int(t)))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{e} (the schedule {v!r} at step {int(t)})") from None
+        return _scheduled_value(type(self).__name__, self._hypers[name], v, int(t))
 
     def hyper_values(self) -> dict:
         return {n: self._values[n] for n in self._hypers}
@@ -297,8 +295,51 @@ class Rule(metaclass=_RuleMeta):
 
 
 def is_scheduled(rule) -> bool:
-    """Whether any hyperparameter of ``rule`` (a rule or a chain) is driven by a schedule."""
-    return any(isinstance(r._values[n], Schedule) for r in rule.rules for n in r._hypers)
+    """Whether any hyperparameter of ``rule`` (a rule or a chain) is driven by a schedule or a function."""
+    return any(is_schedule(r._values[n]) for r in rule.rules for n in r._hypers)
+
+
+def _scheduled_value(owner: str, h: hyper, s, t: int) -> float:
+    """``s`` (a Schedule or a function) evaluated for step ``t`` and checked against ``h``'s domain."""
+    try:
+        raw = schedule_value(s, t)
+    except Exception as e:  # the user's code: say which hyperparameter it was computing (chained below)
+        raise ValueError(f"{owner}: hyperparameter {h.name}: {_where(s, t)} raised {type(e).__name__}: {e}") from e
+    try:
+        return h.check(owner, real_scalar(raw))
+    except TypeError as e:
+        msg = str(e)
+        if not msg.startswith(owner):  # real_scalar's "returned ...": name the rule and hyperparameter
+            msg = f"{owner}: hyperparameter {h.name}: {msg}"
+        raise TypeError(f"{msg} ({_where(s, t)})") from None
+    except ValueError as e:
+        raise ValueError(f"{e} ({_where(s, t)})") from None
+
+
+def _where(s, t: int) -> str:
+    # built only for an error: a schedule's repr costs more than evaluating it
+    if isinstance(s, Schedule):
+        return f"the schedule {s!r} at step {t}"
+    return f"the function {getattr(s, '__qualname__', None) or repr(s)} at step {t}, called with count {t - 1}"
+
+
+def _constructor_signature(cls) -> inspect.Signature:
+    """What ``inspect.signature(cls)``, ``help`` and IDEs show: the hyperparameters with their defaults, in
+    declaration order (positional or keyword), then the options (keyword-only), as ``Rule.__init__`` takes
+    them; a class with a constructor of its own (``AccumGrad(n, rule)``) shows that constructor's."""
+    for base in cls.__mro__:
+        init = base.__dict__.get("__init__")
+        if init is not None:
+            break
+    if base is not Rule:
+        params = list(inspect.signature(init).parameters.values())[1:]
+        generic = {p.kind for p in params} <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+        if not generic:
+            return inspect.Signature(params)
+    P = inspect.Parameter
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, default=h.default) for n, h in cls._hypers.items()]
+    params += [P(n, P.KEYWORD_ONLY, default=o.default) for n, o in cls._options.items()]
+    return inspect.Signature(params)
 
 
 def _rebuild(cls, values):

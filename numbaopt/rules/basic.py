@@ -7,7 +7,16 @@ __all__ = ["Descent", "Momentum", "Nesterov", "WeightDecay", "Trace"]
 
 
 class Descent(Rule):
-    """Plain gradient descent: ``d = lr * g``."""
+    """Plain gradient descent: ``d = lr * g``.
+
+    Robbins and Monro, "A Stochastic Approximation Method", 1951. https://doi.org/10.1214/aoms/1177729586
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Descent(lr=0.1), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.512 -1.024]
+    """
     lr = hyper(0.1, low=0.0)
     torch = "SGD(lr)"
     optax = "sgd(lr)"
@@ -22,6 +31,15 @@ class Momentum(Rule):
 
     ``lr_outside=True`` is torch's/optax's form ``v = momentum * v + g; d = lr * v``: the same for a
     constant lr, different when lr is scheduled (the velocity then remembers unscaled gradients).
+
+    Polyak, "Some methods of speeding up the convergence of iteration methods", 1964.
+    https://doi.org/10.1016/0041-5553(64)90137-5
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Momentum(lr=0.1, momentum=0.9), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.062 -0.124]
     """
     lr = hyper(0.01, low=0.0)
     momentum = hyper(0.9, **UNIT)
@@ -44,6 +62,15 @@ class Nesterov(Rule):
 
     ``lr_outside=True`` is torch's/optax's form ``v = mu * v + g; d = lr * (g + mu * v)``: the same for
     a constant lr, different when lr is scheduled.
+
+    Nesterov, 1983; in this form Sutskever, Martens, Dahl and Hinton, "On the importance of initialization and
+    momentum in deep learning", ICML 2013. https://proceedings.mlr.press/v28/sutskever13.html
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Nesterov(lr=0.1, momentum=0.9), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [-0.1084  0.2167]
     """
     lr = hyper(0.001, low=0.0)
     momentum = hyper(0.9, **UNIT)
@@ -62,7 +89,17 @@ class Nesterov(Rule):
 
 
 class WeightDecay(Rule):
-    """L2 weight decay: ``d = g + weight_decay * x`` (put it before the main rule in a chain)."""
+    """L2 weight decay: ``d = g + weight_decay * x`` (put it before the main rule in a chain).
+
+    Krogh and Hertz, "A Simple Weight Decay Can Improve Generalization", NeurIPS 1991.
+    https://papers.nips.cc/paper/1991/hash/8eefcfdf5990e441f0fb6f3fad709e21-Abstract.html
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.chain(no.WeightDecay(0.1), no.Descent(0.5)), x)
+    >>> for _ in range(2): state, x = no.update_(state, x, np.zeros(2))   # no gradient: x * (1 - 0.05)
+    >>> print(x.round(4))
+    [ 0.9025 -1.805 ]
+    """
     weight_decay = hyper(5e-4, low=0.0)
     torch = "the weight_decay argument of most torch optimisers"
     optax = "add_decayed_weights(weight_decay)"
@@ -75,6 +112,15 @@ class WeightDecay(Rule):
 class Trace(Rule):
     """Momentum trace without a learning rate (optax's ``trace``): ``m = g + momentum*m``;
     ``d = m``, or ``g + momentum*m`` with ``nesterov=True``. Used by LARS.
+
+    Polyak, "Some methods of speeding up the convergence of iteration methods", 1964.
+    https://doi.org/10.1016/0041-5553(64)90137-5
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.chain(no.Trace(0.5), no.Descent(0.1)), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.302 -0.604]
     """
     momentum = hyper(0.9, **UNIT)
     nesterov = option(False)

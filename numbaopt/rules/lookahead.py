@@ -11,6 +11,17 @@ class LookaheadSync(Rule):
     """Lookahead's slow weights (Zhang et al. 2019), placed after the inner rule: the fast weights take
     the inner step ``f = x - g``; every ``k``-th step the slow weights move ``s = s + alpha * (f - s)``
     and the parameter is reset to them (``d = x - s``); ``s`` starts at the parameter at step 1.
+
+    Zhang, Lucas, Hinton and Ba, "Lookahead Optimizer: k steps forward, 1 step back", 2019.
+    https://arxiv.org/abs/1907.08610
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.chain(no.Descent(0.25), no.LookaheadSync(2, 0.5)), x)
+    >>> for _ in range(2):
+    ...     state, x = no.update_(state, x, 2 * x)
+    ...     print(x.round(4))   # the fast weights, then the synchronised slow weights
+    [ 0.5 -1. ]
+    [ 0.625 -1.25 ]
     """
     k = hyper(5.0, low=1.0, doc="synchronisation period (an integer)")
     alpha = hyper(0.5, low=0.0, high=1.0)
@@ -43,5 +54,14 @@ class LookaheadSync(Rule):
 def Lookahead(rule, k=5, alpha=0.5):
     """Lookahead around ``rule``: ``chain(rule, LookaheadSync(k, alpha))`` (one fused kernel). The
     parameter holds the fast weights between synchronisations, the state the slow weights.
+
+    Zhang, Lucas, Hinton and Ba, "Lookahead Optimizer: k steps forward, 1 step back", 2019.
+    https://arxiv.org/abs/1907.08610
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.Lookahead(no.Adam(0.1), k=2, alpha=0.5), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.8007 -1.8003]
     """
     return chain(rule, LookaheadSync(k, alpha))

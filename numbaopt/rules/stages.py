@@ -32,6 +32,18 @@ class AccumGrad(Rule):
     ``t`` counts these steps; members before ``AccumGrad`` see every call. Optimisers.jl:
     ``OptimiserChain(AccumGrad(n), rule)``; optax: ``MultiSteps(rule, every_k_schedule=n)``. If a later
     member skips the step (``SkipNonFinite``), the cycle still ends and the sum is dropped, as in optax.
+
+    Ott, Edunov, Grangier and Auli, "Scaling Neural Machine Translation", 2018 (accumulated gradients).
+    https://arxiv.org/abs/1806.00187
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.AccumGrad(2, no.Descent(0.1)), x)
+    >>> state, x = no.update_(state, x, np.array([1.0, 1.0]))   # accumulated: x unchanged
+    >>> print(x)
+    [ 1. -2.]
+    >>> state, x = no.update_(state, x, np.array([3.0, 3.0]))   # one step with the mean, 2
+    >>> print(x.round(4))
+    [ 0.8 -2.2]
     """
     n = hyper(1.0, low=1.0, doc="gradients per step (an integer)")
     acc = state(0.0)
@@ -73,6 +85,15 @@ class MixedPrecision(Rule):
     float16 computation would divide by ``sqrt(v) + 0`` (Optimisers.jl floors eps at 1e-7 for Float16).
     Here eps, v and the division live in the float32 master state, where 1e-8 is an ordinary number: no
     floor is needed and none is applied.
+
+    Micikevicius et al., "Mixed Precision Training", 2018. https://arxiv.org/abs/1710.03740
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0], dtype=np.float16)
+    >>> state = no.setup(no.MixedPrecision(np.float32, no.Adam(0.1)), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)
+    >>> print(x.dtype, x)
+    float16 [ 0.7017 -1.7   ]
     """
     master = option("float32", choices=("float32", "float64"), doc="the dtype of the master copy")
     stage = "master"

@@ -11,13 +11,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
+from .jax_models import NODE_TYPES, is_jax_node, pytree_children, pytree_rebuild
 from .paths import PathEntry
 
 __all__ = ["ContainerSpec", "register_container", "not_trainable", "container_spec", "trainable_keys", "registry",
-           "type_name", "BUILTIN_SPECS", "DICT", "LIST", "TUPLE", "NAMEDTUPLE", "DATACLASS", "FROZEN_DATACLASS"]
+           "type_name", "BUILTIN_SPECS", "DICT", "LIST", "TUPLE", "NAMEDTUPLE", "DATACLASS", "FROZEN_DATACLASS",
+           "JAX_PYTREE"]
+
+T = TypeVar("T")  # a registered container type
+
 
 class ContainerSpec:
     """How to list, rebuild and (for mutable containers) assign the children of one container type."""
@@ -32,8 +38,8 @@ class ContainerSpec:
 registry: dict = {}
 
 
-def register_container(cls, children: Callable, rebuild: Callable, *, setitem: Callable | None = None,
-                       trainable: Callable | None = None) -> type:
+def register_container(cls: type[T], children: Callable, rebuild: Callable, *, setitem: Callable | None = None,
+                       trainable: Callable | None = None) -> type[T]:
     """Teach the tree engine a container type.
 
     * ``children(obj) -> [(key, child), ...]``: the children in a fixed order; a ``str`` key reads as an
@@ -62,7 +68,7 @@ def register_container(cls, children: Callable, rebuild: Callable, *, setitem: C
     return cls
 
 
-def not_trainable(**field_kwargs):
+def not_trainable(**field_kwargs: Any) -> Any:
     """A dataclass field that is never trained: ``bn_mean: np.ndarray = not_trainable(default=...)``.
 
     Same arguments as :func:`dataclasses.field`; adds ``metadata={"trainable": False}``.
@@ -154,6 +160,8 @@ TUPLE = ContainerSpec("tuple", _list_children, _tuple_rebuild, None)
 NAMEDTUPLE = ContainerSpec("namedtuple", _nt_children, _nt_rebuild, None)
 DATACLASS = ContainerSpec("dataclass", _dc_children, _dc_rebuild, _dc_set, _dc_trainable)
 FROZEN_DATACLASS = ContainerSpec("frozen dataclass", _dc_children, _dc_rebuild, None, _dc_trainable)
+#: a pytree node registered with jax.tree_util (numbaopt.tree.jax_models): immutable, rebuilt by its unflatten
+JAX_PYTREE = ContainerSpec("jax pytree", pytree_children, pytree_rebuild, None)
 
 
 def container_spec(obj):
@@ -172,6 +180,10 @@ def container_spec(obj):
         return None
     if isinstance(obj, tuple) and hasattr(t, "_fields"):
         return NAMEDTUPLE
+    # before the dataclass rule: a dataclass registered with JAX follows its registration (meta fields)
+    jx = NODE_TYPES.get(t)  # decided once per type (is_jax_node); jax is never imported here
+    if jx or (jx is None and is_jax_node(obj)):
+        return JAX_PYTREE
     if dataclasses.is_dataclass(t) and not isinstance(obj, type):
         return FROZEN_DATACLASS if t.__dataclass_params__.frozen else DATACLASS
     if isinstance(obj, dict):
@@ -196,4 +208,4 @@ def trainable_keys(spec, obj):
 
 
 #: the built-in specs by name (a saved state names them)
-BUILTIN_SPECS = {s.name: s for s in (DICT, LIST, TUPLE, NAMEDTUPLE, DATACLASS, FROZEN_DATACLASS)}
+BUILTIN_SPECS = {s.name: s for s in (DICT, LIST, TUPLE, NAMEDTUPLE, DATACLASS, FROZEN_DATACLASS, JAX_PYTREE)}

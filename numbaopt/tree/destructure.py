@@ -1,6 +1,9 @@
 """``destructure(model)``: all trainable parameters of a model in one flat vector, and the way back."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
 import numpy as np
 
 from .params import param_info
@@ -8,8 +11,13 @@ from .structure import flatten, rebuild
 
 __all__ = ["destructure"]
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
-def destructure(model):
+M = TypeVar("M")  # the model, rebuilt with its type
+
+
+def destructure(model: M) -> tuple[np.ndarray, Callable[[ArrayLike], M]]:
     """``flat, restructure = destructure(model)``: all trainable parameters in one flat vector.
 
     A tied array appears once. ``flat``'s dtype is the common dtype of the parameters (e.g. float64
@@ -26,8 +34,9 @@ def destructure(model):
         return True
 
     root = flatten(model, on_leaf)
-    units, by_id = [], {}
-    positions = {}
+    units: list = []
+    by_id: dict = {}
+    positions: dict = {}
 
     def number(n):
         if n.spec is None:

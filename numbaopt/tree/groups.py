@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from ..backends.state import Leaf
+from ..backends.state import Leaf, enter, leave
 from ..compiler import ChainLayout, kernels
 
 __all__ = ["Group", "TreeLeaf"]
@@ -98,6 +98,24 @@ class Group:
         self.rule, self.layout = rule, ChainLayout(rule)
         self.hp[:] = hp
 
+    # Pickling: the data alone. The compiled module, the layout (made from the rule) and the scratch tables are
+    # rebuilt; the arenas are placed afresh, as setup places them. A group is pickled inside its tree, whose
+    # core copies it under the tree's in-use guard first (see TreeCore.__reduce__).
+    def __getstate__(self) -> dict:
+        return {"rule": self.rule, "dtype": self.dtype.str, "members": self.members, "sizes": self.sizes,
+                "param_dtypes": [d.str for d in self.param_dtypes], "masters": self.masters, "arenas": self.arenas,
+                "C": self.C, "hp": self.hp}
+
+    def __setstate__(self, d: dict) -> None:
+        # dtypes by name: NumPy's own descriptor objects, which the fast path compares by identity
+        Group.__init__(self, d["rule"], np.dtype(d["dtype"]), d["members"], [(int(n),) for n in d["sizes"]],
+                       [np.dtype(t) for t in d["param_dtypes"]],
+                       [None if m is None else np.array(m) for m in d["masters"]])
+        for a, v in zip(self.arenas, d["arenas"], strict=True):
+            a[...] = v
+        self.C[...] = d["C"]
+        self.hp[...] = d["hp"]
+
     def leaf_view(self, j, shape, unit, tree_core) -> TreeLeaf:
         """The view of leaf ``j`` (unit ``unit`` of the tree whose core is ``tree_core``)."""
         return TreeLeaf(self, j, shape, unit, tree_core)
@@ -132,3 +150,29 @@ class TreeLeaf(Leaf):
         m = self.master
         return Leaf(self.rule, self.shape, self.param_dtype, arrays=[a.copy() for a in self.arrays],
                     hp=self.hp.copy(), counters=self.counters.copy(), master=None if m is None else m.copy())
+
+    def detach(self) -> Leaf:
+        """:meth:`copy`, taken while no call writes the tree (its in-use guard: a step in progress in another
+        thread is a :class:`numbaopt.StateInUseError`)."""
+        c = None if self.core_ref is None else self.core_ref()
+        if c is None:  # the tree is gone: nothing else can step this view
+            return self.copy()
+        enter(c, "copy", False)
+        try:
+            return self.copy()
+        finally:
+            leave(c, False)
+
+    # a leaf view pickles and copies as a detached Leaf: the rest of its tree does not come with it
+    def __reduce__(self):
+        return _unpickle_leaf, (self.detach().__getstate__(),)
+
+    def __copy__(self) -> Leaf:
+        return self.detach()
+
+
+def _unpickle_leaf(d) -> Leaf:
+    """A pickled tree leaf: a detached :class:`numbaopt.Leaf`."""
+    leaf = Leaf.__new__(Leaf)
+    leaf.__setstate__(d)
+    return leaf

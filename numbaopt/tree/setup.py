@@ -7,6 +7,8 @@ whose rules are equal, across dtypes.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..backends.cuda.group import tree_group
@@ -21,6 +23,36 @@ from .structure import flatten
 
 __all__ = ["setup_tree", "reduction_domains"]
 
+def _kind(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"{x.dtype} array"
+    return "None" if x is None else type(x).__name__
+
+
+def _nothing_trained(name: str, paths: list, values: list, pos_param: list) -> None:
+    """A model in which setup finds nothing to train: a ``ValueError`` saying what it found (an optimiser
+    that silently steps nothing is a bug to find, not a result); a warning when parameters are there but the
+    user excluded every one of them."""
+    n_param = sum(pos_param)
+    if n_param:
+        leaves = "its parameter leaf is" if n_param == 1 else f"its {n_param} parameter leaves are all"
+        warnings.warn(f"setup: no leaf of {name} is trained: {leaves} excluded "
+                      "(not_trainable fields, a container's trainable keys, frozen torch Parameters or a rule "
+                      "chooser returning None), so every step leaves the model as it is", UserWarning, stacklevel=4)
+        return
+    if not paths:
+        raise ValueError(f"setup: found no trainable parameter in {name}: it holds no leaf at all (an empty "
+                         "container)")
+    shown = ", ".join(f"model{p} ({_kind(x)})" for p, x in zip(paths[:5], values[:5]))
+    more = f", and {len(paths) - 5} more" if len(paths) > 5 else ""
+    n = len(paths)
+    whole = (f"; numbaopt does not know {name} as a container, so it took the whole model as one leaf"
+             if n == 1 and not paths[0] else "")
+    raise ValueError(f"setup: found no trainable parameter in {name}: {n} {'leaf' if n == 1 else 'leaves'} carried "
+                     f"through unchanged: {shown}{more}{whole}. Parameters are float or complex arrays, tensors "
+                     "and scalars. A torch module? A JAX pytree? An object of your own? Register its container "
+                     "type with numbaopt.register_container (or its array type with numbaopt.param_info.register)")
+
 
 def _choose(rule):
     if isinstance(rule, (Rule, Chain)):
@@ -30,8 +62,9 @@ def _choose(rule):
     return None, as_rule(rule)
 
 
-def setup_tree(rule, model):
-    """The state of a nested model (see :func:`numbaopt.setup`)."""
+def setup_tree(rule, model, what=None):
+    """The state of a nested model (see :func:`numbaopt.setup`); ``what`` names the model in messages (default:
+    its type's name)."""
     chooser, rule = _choose(rule)
     s = Structure()
     paths, pos_param, pos_rule, values, infos = [], [], [], [], []
@@ -53,7 +86,7 @@ def setup_tree(rule, model):
         infos.append(info)
         pos_param.append(info is not None)
         r = None
-        if info is not None and trainable:
+        if info is not None and trainable and info.trainable:  # a frozen torch Parameter: not trained
             r = chooser(path, x) if chooser is not None else rule
             if r is not None:
                 try:
@@ -75,6 +108,8 @@ def setup_tree(rule, model):
     s.paths, s.pos_param = paths, pos_param
     s.pos_u = [None] * len(paths)
     s.trained_pos = [p for p, r in enumerate(pos_rule) if r is not None]
+    if not s.trained_pos:
+        _nothing_trained(what or type(model).__name__, paths, values, pos_param)
     u_of_id, u_rule, u_backend = {}, [], []
     s.u_shape, s.u_dtype, s.u_kind, s.u_positions, s.u_tieable = [], [], [], [], []
     for p in s.trained_pos:
@@ -151,7 +186,7 @@ def setup_tree(rule, model):
 def reduction_domains(groups, device_groups=()) -> list:
     """The groups whose rules have a tree-scope reduction, in sets of equal rules: a tree-scope reduction
     spans every leaf of its set (one set per distinct rule, as optax's transform over its leaves)."""
-    doms = []
+    doms: list[list] = []
     for g in list(groups) + list(device_groups):
         if not g.layout.tree_reducers():
             continue

@@ -8,9 +8,13 @@ could shadow a model's attribute.
 """
 from __future__ import annotations
 
+import copyreg
+
 import numpy as np
 
 from ..backends.cuda.group import DeviceMember
+from ..backends.state import enter, leave
+from .containers import BUILTIN_SPECS, ContainerSpec, registry, type_name
 from .paths import Path, where
 from .structure import describe
 
@@ -36,6 +40,20 @@ class Structure:
     def where(self, u: int, prefix: str = "model") -> str:
         """The path of unit ``u`` (its first position) for messages: ``model['enc'].w``."""
         return where(prefix, self.paths[self.u_positions[u][0]])
+
+    # pickled without ``gather`` (generated functions, made again on first use); dtypes by name, so that they
+    # come back as NumPy's own descriptor objects, which the fast path compares by identity
+    def __getstate__(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__ if k != "gather" and hasattr(self, k)}
+        for k in ("u_dtype", "u_compute"):
+            if k in d:
+                d[k] = [None if t is None else np.dtype(t).str for t in d[k]]
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        for k, v in d.items():
+            setattr(self, k, [None if t is None else np.dtype(t) for t in v] if k in ("u_dtype", "u_compute") else v)
+        self.gather = {}
 
 
 class TreeCore:
@@ -76,6 +94,21 @@ class TreeCore:
         """A deep copy (new arenas, counters, frozen flags; device groups copied on the device)."""
         return TreeCore(self.structure, [g.copy() for g in self.groups], [g.copy() for g in self.device_groups],
                         self.frozen.copy())
+
+    def snapshot(self, fname: str) -> TreeCore:
+        """:meth:`copy`, taken while no call writes the state (a step in progress in another thread is a
+        :class:`numbaopt.StateInUseError` naming ``fname``)."""
+        enter(self, fname, False)
+        try:
+            return self.copy()
+        finally:
+            leave(self, False)
+
+    def __reduce__(self):
+        # pickle a copy taken under the guard (pickle writes the arrays after this returns, when another thread
+        # could be stepping the state); the plans, leaf views and spans are process-local and made again
+        c = self.snapshot("pickle")
+        return TreeCore, (c.structure, c.groups, c.device_groups, c.frozen)
 
 
 class StateNode:
@@ -156,6 +189,9 @@ class StateNode:
         s = self._core.structure
         return sorted({s.pos_u[p] for p in range(self._node.lo, self._node.hi) if s.pos_u[p] is not None})
 
+    def __reduce__(self):  # a view of a copy of the tree (the core pickles a snapshot)
+        return StateNode, (self._core, self._node, self._path)
+
     def __repr__(self):
         return _format(self._core, self._node, self._path)
 
@@ -173,10 +209,42 @@ class StateTree(StateNode):
         super().__init__(tree_core, tree_core.structure.root, ())
 
     def __copy__(self):
-        return StateTree(self._core.copy())
+        return StateTree(self._core.snapshot("copy"))
 
     def __deepcopy__(self, memo):
-        return StateTree(self._core.copy())  # the structure is shared: it is never written
+        return StateTree(self._core.snapshot("copy"))  # the structure is shared: it is never written
+
+    def __reduce__(self):
+        return StateTree, (self._core,)
+
+
+def _builtin_spec(name: str):
+    return BUILTIN_SPECS[name]
+
+
+def _registered_spec(cls):
+    spec = registry.get(cls)
+    if spec is None:
+        raise TypeError(f"unpickling a state: its model has a container of type {type_name(cls)}, which is not "
+                        "registered in this process; call numbaopt.register_container for it first")
+    return spec
+
+
+def _reduce_spec(spec):
+    """How a :class:`ContainerSpec` pickles: by name (a built-in one), by its type (a registered one: the
+    registration of the unpickling process is used), or as the name-only placeholder ``load`` makes."""
+    if BUILTIN_SPECS.get(spec.name) is spec:
+        return _builtin_spec, (spec.name,)
+    for cls, s in registry.items():
+        if s is spec:
+            return _registered_spec, (cls,)
+    if spec.children is None:
+        return ContainerSpec, (spec.name, None, None)
+    raise TypeError(f"cannot pickle the container spec {spec.name!r}: it is no longer registered")
+
+
+# the specs hold functions (closures of register_container): a state's structure pickles them by name
+copyreg.pickle(ContainerSpec, _reduce_spec)
 
 
 def new_state(structure, groups, device_groups, frozen=None) -> StateTree:

@@ -88,6 +88,8 @@ class Run:
 def _kernel_x(grp, j, x, info, inplace, posts, u):
     """The array the kernel steps for leaf ``j`` (written in place, or read by a pure step), and what to do
     with it afterwards."""
+    if inplace and info.after_write is not None and info.writeable:  # called once the step committed (_finish)
+        posts.append(("written", u, j, x, info, int(grp.C[0, j])))
     master = grp.masters[j]
     if master is not None:  # MixedPrecision: the kernels run on the master copy
         if inplace:
@@ -260,6 +262,10 @@ def plan(c: TreeCore, model, grads, inplace: bool):
             for u in members:
                 if gu[u] is not None:
                     posts.append(("device", u, None, xs[s.u_j[u]], None, None, None))
+        else:
+            for u in members:
+                if gu[u] is not None and iu[u].after_write is not None:
+                    posts.append(("written", u, None, xu[u], iu[u], None))
         devices.append((target, xs, gs, js))
         new_devices.append(target)
     return runs, devices, posts, (news, new_devices), keep, (xu, iu)
@@ -416,11 +422,14 @@ def _keep_hp(runs):
 
 
 def _finish(c, posts, inplace) -> dict:
-    """The write-backs after the kernels ran; returns {unit: new leaf value}."""
-    new = {}
+    """The write-backs after the kernels ran; returns {unit: new leaf value}. Then the ``after_write`` of
+    every leaf written in place (a leaf whose step count did not move, accumulating or skipped, was not)."""
+    new, written = {}, []
     for post in posts:
         kind, u, j = post[0], post[1], post[2]
-        if kind == "back":
+        if kind == "written":
+            written.append(post)
+        elif kind == "back":
             post[3][...] = post[4].reshape(post[3].shape)  # through to the base of a strided view
         elif kind == "device":
             new[u] = post[3]
@@ -445,6 +454,9 @@ def _finish(c, posts, inplace) -> dict:
                 a[...] = m  # rounded to the parameter's dtype
             else:
                 new[u] = info.from_array(m.astype(c.structure.u_dtype[u]), x)
+    for _, u, j, x, info, t0 in written:
+        if t0 is None or c.groups[c.structure.u_group[u]].C[0, j] != t0:
+            info.after_write(x)
     return new
 
 

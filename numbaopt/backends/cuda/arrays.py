@@ -58,6 +58,11 @@ def is_device_array(obj) -> bool:
         return False
     if cls.__module__.startswith("torch"):  # every torch.Tensor has the property; only CUDA ones work
         return bool(getattr(obj, "is_cuda", False))
+    if cls.__module__.partition(".")[0] in ("jax", "jaxlib"):
+        # every jax.Array has the property (CPU ones raise on access); none is a device array here:
+        # JAX arrays are immutable, so the tree engine steps a host copy and puts the result back on
+        # the input's device (numbaopt.tree.jax_models) instead of writing the buffer in place
+        return False
     return True
 
 

@@ -12,10 +12,10 @@ import numpy as np
 
 from ...compiler import ChainLayout
 from ..alias import aliased_leaves
-from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, raise_status
+from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, table_stale)
-from .leaf import check_device_rule
+from .leaf import check_device_rule, leaf_from_host
 
 __all__ = ["DeviceGroup", "DeviceMember", "setup_device_group", "tree_group"]
 
@@ -290,6 +290,26 @@ class DeviceGroup:
         g._new_tables()
         return g
 
+    # Pickling copies the state to host memory (under the in-use guard: never half-written); unpickling puts
+    # it on the current device, and needs one. copy.copy/deepcopy copy on the device.
+    def __reduce__(self):
+        enter(self, "pickle", False)
+        try:
+            host = self.to_host()
+        finally:
+            leave(self, False)
+        return (_group_from_host, (host,))
+
+    def __copy__(self) -> DeviceGroup:
+        enter(self, "copy", False)
+        try:
+            return self.copy()
+        finally:
+            leave(self, False)
+
+    def __deepcopy__(self, memo) -> DeviceGroup:
+        return self.__copy__()
+
     def copy_params(self, params, leaves=None):
         """New device arrays (of each parameter's kind) holding copies of ``params`` (those of ``leaves``)."""
         outs = list(params)
@@ -393,9 +413,27 @@ class DeviceMember:
         return Leaf(g.rule, self.shape, g.dtype, arrays=[a[o:o + n].copy_to_host() for a in g.arenas],
                     t=self.t, hp=hp, skipped=self.skipped)
 
+    def __reduce__(self):  # pickled alone, a member is a DeviceLeaf of its own (its group does not come along)
+        enter(self.group, "pickle", False)
+        try:
+            host = self.to_host()
+        finally:
+            leave(self.group, False)
+        return (leaf_from_host, (host,))
+
     def __repr__(self):
         return (f"DeviceLeaf({self.rule!r}, t={self.t}, {self.dtype.name}{list(self.shape)}, "
                 f"group of {len(self.group)})")
+
+
+def _group_from_host(leaves) -> DeviceGroup:
+    """Unpickling a :class:`DeviceGroup`: its host state back on the current device."""
+    try:
+        runtime()
+    except (ImportError, RuntimeError) as e:
+        raise RuntimeError(f"unpickling a DeviceGroup: its state goes back to a GPU, and this process has none "
+                           f"usable ({e})") from None
+    return DeviceGroup.from_host(leaves)
 
 
 def setup_device_group(rule, params) -> DeviceGroup:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..alias import shares
-from ..state import Leaf, as_rule, check_param_dtype, raise_status
+from ..state import Leaf, as_rule, check_param_dtype, enter, leave, raise_status
 from .arrays import (Scratch, blocks, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, torch_ptr)
 
-__all__ = ["DeviceLeaf", "setup_leaf", "check_device_rule"]
+__all__ = ["DeviceLeaf", "setup_leaf", "check_device_rule", "leaf_from_host"]
 
 
 def check_device_rule(rule, where="x"):
@@ -73,8 +73,16 @@ class DeviceLeaf(Leaf):
                    arrays=[cuda.to_device(np.ascontiguousarray(a)) for a in leaf.arrays],
                    hp=leaf.hp.copy(), counters=leaf.counters.copy())
 
+    # Pickling copies the state to host memory (under the in-use guard: never half-written); unpickling puts
+    # it on the current device, and needs one (a RuntimeError naming what is missing otherwise).
+    # copy.copy/deepcopy stay on the device (Leaf.__copy__: device-to-device copies).
     def __reduce__(self):
-        return (_leaf_from_host, (self.to_host(),))
+        enter(self, "pickle", False)
+        try:
+            host = self.to_host()
+        finally:
+            leave(self, False)
+        return (leaf_from_host, (host,))
 
     def _check(self, x, g):
         if not is_device_array(x):
@@ -158,7 +166,13 @@ class DeviceLeaf(Leaf):
         return new, xo_obj
 
 
-def _leaf_from_host(leaf):
+def leaf_from_host(leaf):
+    """Unpickling a ``DeviceLeaf`` (or a tree's device leaf): its host state back on the current device."""
+    try:
+        runtime()
+    except (ImportError, RuntimeError) as e:
+        raise RuntimeError(f"unpickling a DeviceLeaf: its state goes back to a GPU, and this process has none "
+                           f"usable ({e})") from None
     return DeviceLeaf.from_host(leaf)
 
 
