@@ -323,3 +323,34 @@ def test_optax_rprop_lags_one_step():
         np.testing.assert_allclose(u[t], expect, rtol=1e-14, atol=0)
         flips += int(flip.sum())
     assert flips > 0 and not np.allclose(u[1:], d[1:])  # the flips were exercised; unshifted they differ
+
+
+def test_schedules_are_served_from_a_table_equal_to_their_values_and_fault_at_their_own_step():
+    """A numbaopt Schedule is evaluated in blocks of steps (one vectorised call) and served one step at a
+    time: every value equals ``s(t)``, across block boundaries, and a schedule that fails (or leaves its
+    domain) at step k refuses step k, not the step that computed the block."""
+    s = no.cosine(0.1, 1000)
+    rule = no.Descent(s)
+    for t in list(range(1, 600)) + [5, 3000, 2999]:  # forwards, backwards, far ahead
+        assert rule.value_at("lr", t) == s(t)
+
+    class Breaks(no.Schedule):  # a user schedule that cannot go beyond step 5
+        def values(self, ts):
+            ts = np.asarray(ts)
+            if ts.max() > 5 and ts.min() <= 5:
+                return np.where(ts <= 5, 0.1, -1.0)  # leaves lr's domain from step 6
+            if ts.min() > 5:
+                raise RuntimeError("no values beyond step 5")
+            return np.full(ts.shape, 0.1)
+
+    x = np.ones(3)
+    state = no.setup(no.Descent(Breaks()), x)
+    for _ in range(5):
+        state, x = no.update_(state, x, np.ones(3))
+    np.testing.assert_allclose(x, 0.5)
+    with pytest.raises(ValueError, match="lr"):
+        no.update_(state, x, np.ones(3))
+    np.testing.assert_allclose(x, 0.5)
+    assert state.t == 5
+    with pytest.raises(ValueError, match="no values beyond step 5"):
+        no.Descent(Breaks()).value_at("lr", 7)
