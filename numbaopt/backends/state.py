@@ -11,7 +11,7 @@ from ..rules.base import Rule
 from ..rules.chain import Chain
 
 __all__ = ["Leaf", "as_rule", "check_param_dtype", "check_grad", "adjusted_rule", "raise_status",
-           "status_error", "SUPPORTED", "StateInUseError", "in_use", "enter", "leave"]
+           "status_error", "SUPPORTED", "StateInUseError", "in_use", "enter", "leave", "as_reader"]
 
 #: the dtypes the kernels compute in
 SUPPORTED = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
@@ -128,6 +128,16 @@ def leave(state, write: bool = True) -> None:
     state.users = 0 if write else state.users - 1
 
 
+def as_reader(state, fname: str, read):
+    """``read()`` while ``state`` is held as a reader (pickling, copying: a step of another thread raises
+    :class:`StateInUseError` instead of leaving a half-written copy)."""
+    enter(state, fname, False)
+    try:
+        return read()
+    finally:
+        leave(state, False)
+
+
 class Leaf:
     """Optimiser state of one parameter array.
 
@@ -241,13 +251,11 @@ class Leaf:
     # hyperparameters, master copy): the compiled module (``kern``) and the bound fast call (``fast``) are
     # process-local and made again on first use, from numbaopt's disk cache (no recompile).
     def __getstate__(self) -> dict:
-        enter(self, "pickle", False)  # not while another thread steps it: never a half-written state
-        try:  # copies, taken under the guard: pickle writes the arrays after this returns
-            return {"rule": self.rule, "shape": self.shape, "dtype": self.param_dtype.str,
-                    "arrays": [np.array(a) for a in self.arrays], "counters": self.counters.copy(),
-                    "hp": self.hp.copy(), "master": None if self.master is None else self.master.copy()}
-        finally:
-            leave(self, False)
+        # copies, taken under the guard (never a half-written state): pickle writes the arrays after this returns
+        return as_reader(self, "pickle", lambda: {
+            "rule": self.rule, "shape": self.shape, "dtype": self.param_dtype.str,
+            "arrays": [np.array(a) for a in self.arrays], "counters": self.counters.copy(),
+            "hp": self.hp.copy(), "master": None if self.master is None else self.master.copy()})
 
     def __setstate__(self, d: dict) -> None:
         # the dtype by name: NumPy's own descriptor object, which the fast path compares by identity
@@ -260,11 +268,7 @@ class Leaf:
 
     def __copy__(self) -> Leaf:
         """``copy.copy`` and ``copy.deepcopy``: an independent copy, as :meth:`copy` (never shared arrays)."""
-        enter(self, "copy", False)
-        try:
-            return self.copy()
-        finally:
-            leave(self, False)
+        return as_reader(self, "copy", self.copy)
 
     def __deepcopy__(self, memo) -> Leaf:
         return self.__copy__()

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...compiler import ChainLayout
 from ..alias import aliased_leaves
-from ..state import Leaf, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
+from ..state import Leaf, as_reader, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, table_stale)
 from .leaf import check_device_rule, leaf_from_host
@@ -293,19 +293,10 @@ class DeviceGroup:
     # Pickling copies the state to host memory (under the in-use guard: never half-written); unpickling puts
     # it on the current device, and needs one. copy.copy/deepcopy copy on the device.
     def __reduce__(self):
-        enter(self, "pickle", False)
-        try:
-            host = self.to_host()
-        finally:
-            leave(self, False)
-        return (_group_from_host, (host,))
+        return (_group_from_host, (as_reader(self, "pickle", self.to_host),))
 
     def __copy__(self) -> DeviceGroup:
-        enter(self, "copy", False)
-        try:
-            return self.copy()
-        finally:
-            leave(self, False)
+        return as_reader(self, "copy", self.copy)
 
     def __deepcopy__(self, memo) -> DeviceGroup:
         return self.__copy__()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..alias import shares
-from ..state import Leaf, as_rule, check_param_dtype, enter, leave, raise_status
+from ..state import Leaf, as_reader, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, blocks, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
                      is_device_array, kind, run_reductions, runtime, torch_ptr)
 
@@ -77,12 +77,7 @@ class DeviceLeaf(Leaf):
     # it on the current device, and needs one (a RuntimeError naming what is missing otherwise).
     # copy.copy/deepcopy stay on the device (Leaf.__copy__: device-to-device copies).
     def __reduce__(self):
-        enter(self, "pickle", False)
-        try:
-            host = self.to_host()
-        finally:
-            leave(self, False)
-        return (leaf_from_host, (host,))
+        return (leaf_from_host, (as_reader(self, "pickle", self.to_host),))
 
     def _check(self, x, g):
         if not is_device_array(x):
