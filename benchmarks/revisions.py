@@ -35,6 +35,8 @@ def best(f, number, repeat=9):
     return min(timeit.repeat(f, number=number, repeat=repeat)) / number * 1e9
 x = np.ones(16); g = np.full(16, 1e-3); s = no.setup(no.Adam(), x); no.update_(s, x, g)
 out["array 16"] = best(lambda: no.update_(s, x, g), 20000)
+xc = np.ones(16); sc = no.setup(no.Adam(lr=no.cosine(1e-3, 10**7)), xc); no.update_(sc, xc, g)
+out["array 16, cosine lr"] = best(lambda: no.update_(sc, xc, g), 2000)
 m = {"w": np.ones(16)}; gm = {"w": np.full(16, 1e-3)}; st = no.setup(no.Adam(), m)
 no.update_(st, m, gm); no.update_(st, m, gm)
 out["tree of 1 leaf (16)"] = best(lambda: no.update_(st, m, gm), 5000)
