@@ -11,7 +11,8 @@ import numpy as np
 
 from ..state import check_param_dtype
 
-__all__ = ["INSTALL_HINT", "runtime", "cuda_available", "is_device_array", "kind", "info", "facts", "flat",
+__all__ = ["INSTALL_HINT", "runtime", "unpickling_runtime", "cuda_available", "is_device_array", "kind", "info",
+           "facts", "flat",
            "torch_ptr", "table_stale", "host_side_error", "host_grad_error", "empty_like", "device_state",
            "device_copies", "blocks", "Scratch", "decode", "run_reductions", "check_tree_grad", "check_device_param",
            "check_device_grad"]
@@ -36,6 +37,16 @@ def runtime():
                                "importing numba to use the simulator)")
         _rt[0] = rt
     return _rt[0]
+
+
+def unpickling_runtime(what: str):
+    """:func:`runtime` for unpickling a device state (``what``): its state goes back to a GPU, and a
+    process without a usable one gets a ``RuntimeError`` saying so."""
+    try:
+        return runtime()
+    except (ImportError, RuntimeError) as e:
+        raise RuntimeError(f"unpickling a {what}: its state goes back to a GPU, and this process has none "
+                           f"usable ({e})") from None
 
 
 def cuda_available() -> bool:

@@ -14,7 +14,8 @@ from ...compiler import ChainLayout
 from ..alias import aliased_leaves
 from ..state import Leaf, as_reader, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
-                     is_device_array, kind, run_reductions, runtime, table_stale)
+                     is_device_array, kind, run_reductions, runtime, table_stale,
+                     unpickling_runtime)
 from .leaf import check_device_rule, leaf_from_host
 
 __all__ = ["DeviceGroup", "DeviceMember", "setup_device_group", "tree_group"]
@@ -419,11 +420,7 @@ class DeviceMember:
 
 def _group_from_host(leaves) -> DeviceGroup:
     """Unpickling a :class:`DeviceGroup`: its host state back on the current device."""
-    try:
-        runtime()
-    except (ImportError, RuntimeError) as e:
-        raise RuntimeError(f"unpickling a DeviceGroup: its state goes back to a GPU, and this process has none "
-                           f"usable ({e})") from None
+    unpickling_runtime("DeviceGroup")
     return DeviceGroup.from_host(leaves)
 
 

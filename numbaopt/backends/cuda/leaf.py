@@ -6,7 +6,8 @@ import numpy as np
 from ..alias import shares
 from ..state import Leaf, as_reader, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, blocks, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
-                     is_device_array, kind, run_reductions, runtime, torch_ptr)
+                     is_device_array, kind, run_reductions, runtime, torch_ptr,
+                     unpickling_runtime)
 
 __all__ = ["DeviceLeaf", "setup_leaf", "check_device_rule", "leaf_from_host"]
 
@@ -163,11 +164,7 @@ class DeviceLeaf(Leaf):
 
 def leaf_from_host(leaf):
     """Unpickling a ``DeviceLeaf`` (or a tree's device leaf): its host state back on the current device."""
-    try:
-        runtime()
-    except (ImportError, RuntimeError) as e:
-        raise RuntimeError(f"unpickling a DeviceLeaf: its state goes back to a GPU, and this process has none "
-                           f"usable ({e})") from None
+    unpickling_runtime("DeviceLeaf")
     return DeviceLeaf.from_host(leaf)
 
 
