@@ -13,7 +13,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch's CPU wheel, pinned: an open range would fetch a multi-GB CUDA build
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[dev,progress,ref,plot,torch,jax,docs,typing]"
+	# MPI from PyPI (no system MPI assumed): the MPICH library wheel, then mpi4py through the mpi extra
+	$(BIN)/python -m pip install -q "mpich>=4.2"
+	$(BIN)/python -m pip install -q -e ".[dev,progress,ref,plot,torch,jax,docs,typing,mpi]"
 	touch $(STAMP)
 
 demo: $(STAMP)

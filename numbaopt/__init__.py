@@ -10,7 +10,7 @@ definition mechanism, chains, stages, the built-in rules), :mod:`.compiler` (ker
 :mod:`.backends` (one array's state, CPU and CUDA execution), :mod:`.tree` (nested models and their state,
 the transactional step), :mod:`.api`, then :mod:`.loops`, :mod:`.persist` and :mod:`.docs`.
 """
-from . import schedules
+from . import mpi, schedules
 from .api import (Grad, HyperValue, JitStep, Model, RuleChooser, RuleLike, State, adjust, adjust_, jit_step, setup,
                   update, update_)
 from .backends.cpu import parallel_threshold, set_parallel_threshold
@@ -52,6 +52,8 @@ __all__ = [
     "save", "load", "state_dict", "load_state_dict", "DeviceUnavailable", "CheckpointError",
     # compiled loops
     "minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult",
+    # beyond one machine (optional: numbaopt[mpi]; docs/mpi.md)
+    "mpi",
     # the GPU (optional: numbaopt[cuda])
     "DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "is_device_array", "cuda_available",
 ]

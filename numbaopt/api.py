@@ -119,6 +119,8 @@ def update(state: Any, model: Any, grad: Any) -> Any:
             return state.update(model, grad)
         finally:
             leave(state, False)
+    if t is not StateTree and hasattr(t, "_numbaopt_step_"):  # a state of another layer (numbaopt.mpi)
+        return state._numbaopt_step_(model, grad, False)
     if type(model) is not dict or grad is model:  # a torch form (a module, named parameters): through its view
         form = torch_form(model, grad)
         if form is not None:
@@ -181,6 +183,8 @@ def update_(state: Any, model: Any, grad: Any) -> Any:
             leave(state)
         bump_written(model)  # torch tensors written through detach(): autograd is told
         return out
+    if t is not StateTree and hasattr(t, "_numbaopt_step_"):  # a state of another layer (numbaopt.mpi)
+        return state._numbaopt_step_(model, grad, True)
     if type(model) is not dict or grad is model:  # a torch form (a module, named parameters): through its view
         form = torch_form(model, grad)
         if form is not None:
@@ -209,6 +213,8 @@ def adjust(state: Any, **hyper: Any) -> Any:
             return state.with_rule(adjusted_rule(state.rule, hyper))
         finally:
             leave(state, False)
+    if t is not StateTree and hasattr(t, "_numbaopt_adjust_"):  # numbaopt.mpi
+        return state._numbaopt_adjust_(False, hyper)
     return adjust_tree(state, **hyper)
 
 
@@ -230,6 +236,8 @@ def adjust_(state: Any, **hyper: Any) -> Any:
             return state
         finally:
             leave(state)
+    if t is not StateTree and hasattr(t, "_numbaopt_adjust_"):  # numbaopt.mpi
+        return state._numbaopt_adjust_(True, hyper)
     return adjust_tree_(state, **hyper)
 
 

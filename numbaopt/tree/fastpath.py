@@ -163,7 +163,7 @@ class FastPlan:
             runs.append(run)
             if grp.layout.scheduled:
                 timed.append((run, np.nonzero(act)[0]))
-        fp.order = Order(runs)
+        fp.order = Order(runs, reducer=c.reducer)
         fp.timed = timed
         return fp
 

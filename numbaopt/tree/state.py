@@ -62,13 +62,16 @@ class TreeCore:
     stepped in place, or None)."""
 
     __slots__ = ("structure", "groups", "device_groups", "frozen", "leafcache", "fast", "users", "spans",
-                 "__weakref__")
+                 "reducer", "__weakref__")
 
     def __init__(self, structure, groups, device_groups, frozen):
         self.structure, self.groups, self.device_groups, self.frozen = structure, groups, device_groups, frozen
         self.leafcache, self.fast = {}, None
         self.users = 0  # the in-use guard (numbaopt.backends.state.enter): one writer or several readers
         self.spans = None  # arena_spans(), made on first use (a core's groups and their arenas never change)
+        #: combines the reductions of a step across processes (numbaopt.mpi sets it; see tree.step.Order); not
+        #: copied or pickled: it belongs to a communicator of this process
+        self.reducer = None
 
     def leaf(self, u: int):
         """The state of unit ``u``: a view of its host group's leaf, or of its device group's."""

@@ -231,10 +231,11 @@ def _copy_aliased(c: TreeCore, runs, keep) -> None:
         k0 += len(ga)
 
 
-def plan(c: TreeCore, model, grads, inplace: bool):
+def plan(c: TreeCore, model, grads, inplace: bool, collected=None):
     """Check the leaves and make the runs: ``(runs, devices, posts, (new groups, new device groups), keep,
-    (xu, iu))``; ``keep`` holds the temporaries the runs' addresses point into."""
-    xu, iu, gu = collect(c, model, grads)
+    (xu, iu))``; ``keep`` holds the temporaries the runs' addresses point into. ``collected``: the result of
+    :func:`collect` for this model and gradient, when the caller has it (``grads`` is then not read)."""
+    xu, iu, gu = collect(c, model, grads) if collected is None else collected
     posts, news, keep = [], [], {}
     runs = []
     for grp in c.groups:
@@ -321,11 +322,13 @@ def _phased(s, dom):
         run.checked = True
 
 
-def _domains(runs) -> list:
-    """Runs sharing a rule with a tree-scope reduction, when there are several of them."""
+def _domains(runs, every: bool = False) -> list:
+    """Runs sharing a rule with a tree-scope reduction, when there are several of them; ``every``: the runs
+    of every rule with a reduction, one run or more (a core's ``reducer`` combines them itself)."""
     doms = []
     for run in runs:
-        if not run.grp.layout.tree_reducers():
+        lay = run.grp.layout
+        if not (lay.reducers if every else lay.tree_reducers()):
             continue
         for d in doms:
             if d[0].grp.rule == run.grp.rule:
@@ -333,7 +336,7 @@ def _domains(runs) -> list:
                 break
         else:
             doms.append([run])
-    return [d for d in doms if len(d) > 1]
+    return doms if every else [d for d in doms if len(d) > 1]
 
 
 def _commit(s, run):
@@ -348,13 +351,18 @@ def _commit(s, run):
 
 
 class Order:
-    """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own."""
+    """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own.
 
-    __slots__ = ("runs", "domains", "risky", "first", "simple")
+    ``reducer``: a function ``(structure, runs)`` that does the reductions of the runs of one rule in place of
+    :func:`_phased` (same contract: partials, finals in ``F``, a refusal raised before anything is written).
+    The distributed step (:mod:`numbaopt.mpi`) combines the partials of every rank there; with a reducer,
+    every run with a reduction goes through it."""
 
-    def __init__(self, runs, may_defer: bool = True):
-        self.runs = runs
-        self.domains = _domains(runs)
+    __slots__ = ("runs", "domains", "risky", "first", "simple", "reducer")
+
+    def __init__(self, runs, may_defer: bool = True, reducer=None):
+        self.runs, self.reducer = runs, reducer
+        self.domains = _domains(runs, reducer is not None)
         phased = {id(r) for d in self.domains for r in d}
         risky = [r for r in runs if id(r) not in phased and r.grp.layout.refusing()]
         self.first = risky.pop(0) if risky and may_defer else None
@@ -377,13 +385,14 @@ def execute(s, order: Order, devices=()) -> None:
         return
     for run in order.runs:
         run.checked = False
+    reduce_domain = order.reducer or _phased
     for dom in order.domains:
-        _phased(s, dom)
+        reduce_domain(s, dom)
     preps = [(dg, dg.prepare(xs, gs, js)) for dg, xs, gs, js in devices]
     undo = [(dg, p) for dg, p in preps if p.undo_needed]
     first = order.first
     if first is not None and undo:  # a device step that can refuse late goes first: check this one too
-        order = Order(order.runs, may_defer=False)
+        order = Order(order.runs, may_defer=False, reducer=order.reducer)
         first = None
     for run in order.risky:  # dry: their refusal comes before anything is written
         status = run.grp.mod.reductions(*run.args(True))
@@ -460,12 +469,12 @@ def _finish(c, posts, inplace) -> dict:
     return new
 
 
-def step_tree(c: TreeCore, model, grads, inplace: bool):
+def step_tree(c: TreeCore, model, grads, inplace: bool, collected=None):
     """One step of a tree: ``(core, new_model, (xu, iu))``; pure: ``core`` is the new state's; ``xu``/``iu``
-    are the unit values seen (the fast path plans from them)."""
+    are the unit values seen (the fast path plans from them). ``collected``: see :func:`plan`."""
     s = c.structure
-    runs, devices, posts, (news, new_devices), keep, seen = plan(c, model, grads, inplace)
-    execute(s, Order(runs), devices)  # pure: the runs read the old state, write the new groups' arrays
+    runs, devices, posts, (news, new_devices), keep, seen = plan(c, model, grads, inplace, collected)
+    execute(s, Order(runs, reducer=c.reducer), devices)  # pure: the runs read the old state, write the new groups' arrays
     out = c if inplace else TreeCore(s, news, new_devices, c.frozen.copy())
     new = _finish(out, posts, inplace)
     del keep
