@@ -201,8 +201,9 @@ def report(results: dict, p: int) -> str:
                  for k in names]
         out.append(f"| {cfg} | " + " | ".join(cells) + " |")
     out += ["", "state: Adam's two moments (state.state_bytes); buffers: state.buffer_bytes, the reused flat buffers "
-            "(replicated: the N-element gradient buffer; sharded: the N-element gradient and parameter buffers "
-            "and the N/p-element reduced shard). Not counted: the model and the gradients, N each on every rank."]
+            "(replicated: the N-element gradient buffer; sharded: one N-element buffer, the gradients and then "
+            "the gathered parameters, and the N/p-element reduced shard). Not counted: the model and the "
+            "gradients, N each on every rank."]
     return "\n".join(out)
 
 

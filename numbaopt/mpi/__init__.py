@@ -15,6 +15,7 @@ the same error, with nothing written anywhere. See docs/mpi.md.
 mpi4py is imported by :func:`setup`, never by ``import numbaopt``.
 """
 from .checkpoint import load, save
+from .loops import minimize, minimize_batch
 from .comm import DistributedError
 from .shards import FlatLayout, Piece
 from .state import DistributedState, setup_distributed as setup
@@ -32,4 +33,5 @@ def update(state, model, grads):
     return _update(state, model, grads)
 
 
-__all__ = ["setup", "update", "update_", "save", "load", "DistributedState", "DistributedError", "FlatLayout", "Piece"]
+__all__ = ["setup", "update", "update_", "save", "load", "minimize", "minimize_batch",
+           "DistributedState", "DistributedError", "FlatLayout", "Piece"]

@@ -474,7 +474,8 @@ def step_tree(c: TreeCore, model, grads, inplace: bool, collected=None):
     are the unit values seen (the fast path plans from them). ``collected``: see :func:`plan`."""
     s = c.structure
     runs, devices, posts, (news, new_devices), keep, seen = plan(c, model, grads, inplace, collected)
-    execute(s, Order(runs, reducer=c.reducer), devices)  # pure: the runs read the old state, write the new groups' arrays
+    # pure: the runs read the old state and write the new groups' arrays
+    execute(s, Order(runs, reducer=c.reducer), devices)
     out = c if inplace else TreeCore(s, news, new_devices, c.frozen.copy())
     new = _finish(out, posts, inplace)
     del keep
