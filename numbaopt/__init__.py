@@ -10,7 +10,7 @@ definition mechanism, chains, stages, the built-in rules), :mod:`.compiler` (ker
 :mod:`.backends` (one array's state, CPU and CUDA execution), :mod:`.tree` (nested models and their state,
 the transactional step), :mod:`.api`, then :mod:`.loops`, :mod:`.persist` and :mod:`.docs`.
 """
-from . import mpi, schedules
+from . import mpi, quantum, schedules
 from .api import (Grad, HyperValue, JitStep, Model, RuleChooser, RuleLike, State, adjust, adjust_, jit_step, setup,
                   update, update_)
 from .backends.cpu import parallel_threshold, set_parallel_threshold
@@ -54,6 +54,8 @@ __all__ = [
     "minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult",
     # beyond one machine (optional: numbaopt[mpi]; docs/mpi.md)
     "mpi",
+    # quantum circuits: QNG, Rotosolve, QN-SPSA, PennyLane interop (docs/quantum.md)
+    "quantum",
     # the GPU (optional: numbaopt[cuda])
     "DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "is_device_array", "cuda_available",
 ]

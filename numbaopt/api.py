@@ -22,6 +22,7 @@ from .rules.base import Rule
 from .rules.chain import Chain
 from .schedules import Schedule
 from .tree.manage import adjust_tree, adjust_tree_, update_tree, update_tree_
+from .tree.params import ARRAY_SUBCLASSES, is_array_subclass, wrap_like
 from .tree.paths import Path
 from .tree.setup import setup_tree
 from .tree.state import StateTree
@@ -81,7 +82,11 @@ def setup(rule: Any, model: Any) -> Any:  # the overloads above are the signatur
     ``DeviceLeaf``) or a nested model (a state tree).
 
     For a tree, ``rule`` may also be a function ``fn(path, leaf) -> rule or None`` choosing per leaf.
+    An ndarray subclass (a ``pennylane.numpy.tensor``, a ``np.memmap``; not ``np.matrix`` or a masked
+    array) is one array too: a ``Leaf``, stepped like an ndarray (``docs/pennylane.md``).
     """
+    if type(model) is not np.ndarray and isinstance(model, np.ndarray) and is_array_subclass(type(model)):
+        model = model.view(np.ndarray)  # its data: dtype, shape and address are all a Leaf records
     if type(model) is np.ndarray:
         rule = as_rule(rule)
         layout = ChainLayout(rule)
@@ -106,6 +111,9 @@ def update(state: StateTree, model: M, grad: Grad) -> tuple[StateTree, M]: ...
 def update(state: Any, model: Any, grad: Any) -> Any:
     """Pure step: returns ``(new_state, new_model)``; ``state``, ``model`` and ``grad`` are untouched.
 
+    A new array of an ndarray subclass has the model's type, by the model's ``__array_wrap__`` (as NumPy's
+    ``model - step`` would): a ``pennylane.numpy.tensor`` keeps its ``requires_grad``.
+
     A state is used by one thread at a time: a state another thread is stepping in place raises
     :class:`numbaopt.StateInUseError` (several pure steps of one state may run at once)."""
     t = type(state)
@@ -113,6 +121,8 @@ def update(state: Any, model: Any, grad: Any) -> Any:
         enter(state, "update", False)
         try:
             if t is Leaf:
+                if type(model) is not np.ndarray and is_array_subclass(type(model)):
+                    return _step_subclass(state, model, grad, False)
                 return step_array(state, model, grad, False)
             if t is DeviceLeaf:
                 return state.step(model, grad, False)
@@ -141,13 +151,18 @@ def update_(state: Any, model: Any, grad: Any) -> Any:
     """In-place step: writes the parameter (when writeable) and the state; returns ``(state, model)``.
 
     A read-only array is not written: a new (read-only) array is returned, so always use the returned model.
+    An ndarray subclass (a ``pennylane.numpy.tensor``) is written like an ndarray, on the same fast path.
     A gradient that overlaps the parameter or the state (other than by being the parameter) is copied first.
     A state another thread is using raises :class:`numbaopt.StateInUseError` and nothing is done.
     """
     if type(state) is Leaf:
         # fast path: a writeable contiguous 1-D array and a gradient of its dtype and shape. On a small
-        # array each check here costs about a tenth of the whole step: keep them few and flat.
-        if type(model) is np.ndarray and type(grad) is np.ndarray and state.master is None:
+        # array each check here costs about a tenth of the whole step: keep them few and flat. An ndarray
+        # subclass seen before (a pennylane tensor) takes it too: the bound kernel's compiled entry point
+        # unboxes any ndarray, and a plain ndarray never reaches the set lookups.
+        tm, tg = type(model), type(grad)
+        if (tm is np.ndarray or tm in ARRAY_SUBCLASSES) and (tg is np.ndarray or tg in ARRAY_SUBCLASSES) \
+                and state.master is None:
             dt = state.dtype
             shape = state.shape
             if model.dtype is dt and grad.dtype is dt and model.shape == shape and grad.shape == shape \
@@ -171,6 +186,10 @@ def update_(state: Any, model: Any, grad: Any) -> Any:
                 return state, model
         enter(state, "update_")
         try:
+            if tm is not np.ndarray and is_array_subclass(tm):
+                is_array_subclass(tg)  # a subclass gradient, seen once here, takes the fast path next time
+                return _step_subclass(state, model, grad, True)
+            is_array_subclass(tg)
             return step_array(state, model, grad, True)
         finally:
             leave(state)
@@ -191,6 +210,16 @@ def update_(state: Any, model: Any, grad: Any) -> Any:
             state, new = update_tree_(state, form.view, form.grads)
             return state, form.result(new, True)
     return update_tree_(state, model, grad)
+
+
+def _step_subclass(state: Leaf, model: Any, grad: Any, inplace: bool) -> tuple[Leaf, Any]:
+    """A :class:`Leaf`'s step on an ndarray subclass (a pennylane tensor, a memmap) that the fast path did
+    not take (a pure step, a strided or read-only one, a schedule): stepped as its ndarray view; the
+    caller's object when it was written in place (or not stepped), else the new values as its type
+    (:func:`numbaopt.tree.params.wrap_like`: a tensor keeps ``requires_grad``)."""
+    base = model.view(np.ndarray)
+    state, new = step_array(state, base, grad, inplace)
+    return state, (model if new is base else wrap_like(new, model))
 
 
 @overload

@@ -10,7 +10,8 @@ PKG = os.path.join(ROOT, "numbaopt")
 
 #: the layers, lowest first: a module may import from its own layer and the ones before it
 LAYERS = ["numbaopt.schedules", "numbaopt.rules", "numbaopt.compiler", "numbaopt.backends", "numbaopt.tree",
-          "numbaopt.api", ("numbaopt.loops", "numbaopt.persist", "numbaopt.docs"), "numbaopt.mpi", "numbaopt"]
+          "numbaopt.api", ("numbaopt.loops", "numbaopt.persist", "numbaopt.docs"), ("numbaopt.mpi", "numbaopt.quantum"),
+          "numbaopt"]
 MAX_LINES = 500
 
 
@@ -101,7 +102,7 @@ def test_files_are_short():
 
 def test_every_module_imports_alone_and_the_package_needs_no_extras():
     """Each module imports in a fresh process of its own first (no hidden order dependence), and
-    ``import numbaopt`` imports none of numba.cuda, torch, jax, mpi4py, matplotlib, tqdm."""
+    ``import numbaopt`` imports none of numba.cuda, torch, jax, mpi4py, pennylane, matplotlib, tqdm."""
     mods = sorted(m for m in _modules() if not m.startswith("numbaopt.backends.cuda.runtime"))
     code = ("import subprocess, sys\n"
             "from concurrent.futures import ThreadPoolExecutor\n"
@@ -111,7 +112,7 @@ def test_every_module_imports_alone_and_the_package_needs_no_extras():
             "with ThreadPoolExecutor(4) as ex:\n"
             f"    print([b for b in ex.map(run, {mods!r}) if b])\n"
             "import numbaopt\n"
-            "extras = ('numba.cuda', 'torch', 'jax', 'mpi4py', 'matplotlib', 'tqdm')\n"
+            "extras = ('numba.cuda', 'torch', 'jax', 'mpi4py', 'pennylane', 'matplotlib', 'tqdm')\n"
             "print(sorted(n for n in extras if n in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NUMBA_ENABLE_CUDASIM", None)

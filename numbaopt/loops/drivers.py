@@ -3,27 +3,36 @@
 A driver imports its kernel module's ``step_inline`` by the module's content-hashed name (a changed rule is a
 new kernel module, hence a new driver file: the cache never replays a stale step) and is compiled with
 ``cache=True``.
+
+The same loop body also runs interpreted (``compiled=False``, a Python objective): :func:`python_driver` is the
+driver's own bytecode with the kernel's step rebound to a cached twin, and every helper it calls from Python is
+``cache=True``, so a fresh process compiles nothing for it (an uncached njit function called from Python is
+compiled again in every process: ~0.1 s each).
 """
 from __future__ import annotations
+
+import types
 
 import numpy as np
 
 from ..compiler import ChainLayout, kernels
 from ..compiler.cache import cached, import_generated
 
-__all__ = ["DRIVER_VERSION", "RUNNING", "GTOL", "FTOL", "NONFINITE", "MAXITER", "CALLBACK", "REASONS", "driver_module",
-           "kernel_key"]
+__all__ = ["DRIVER_VERSION", "RUNNING", "GTOL", "FTOL", "NONFINITE", "MAXITER", "CALLBACK", "TARGET", "RULE_ERROR",
+           "REASONS", "driver_module", "kernel_key", "python_driver"]
 
-DRIVER_VERSION = "1"
+DRIVER_VERSION = "2"
 
-#: reason codes written by the drivers (``status`` of a result)
-RUNNING, GTOL, FTOL, NONFINITE, MAXITER, CALLBACK = 0, 1, 2, 3, 4, 5
+#: reason codes written by the drivers (``status`` of a result); ``RULE_ERROR + k``: the reduction of the
+#: chain's member ``k`` refused the step (a kernel status ``s >= 2`` is member ``s - 2``)
+RUNNING, GTOL, FTOL, NONFINITE, MAXITER, CALLBACK, TARGET, RULE_ERROR = 0, 1, 2, 3, 4, 5, 6, 7
 REASONS = {
     GTOL: "gradient norm <= gtol",
     FTOL: "relative loss change <= ftol",
     NONFINITE: "non-finite loss or gradient",
     MAXITER: "maximum number of iterations reached",
     CALLBACK: "stopped by the callback",
+    TARGET: "loss <= f_target",
 }
 
 _DRIVER_TEMPLATE = '''
@@ -37,17 +46,19 @@ from {kmod} import step_inline as _inplace
 _NJ = dict(error_model="numpy", nogil=True)
 
 
-@njit(inline="always", **_NJ)
+# the inline helpers are cached too: the interpreted driver calls them from Python
+@njit(inline="always", cache=True, **_NJ)
 def _rows(S, a, b):
     return ({rows})
 
 
-@njit(inline="always", **_NJ)
-def _gnorm(g):
+@njit(cache=True, **_NJ)
+def grad_norm(g):
+    # the final norm of a row the loop did not evaluate last (finish()), called from Python
     return math.sqrt(_gnorm2(g))
 
 
-@njit(inline="always", **_NJ)
+@njit(inline="always", cache=True, **_NJ)
 def _gnorm2(g):
     # the squared norm (the loop compares it with gtol**2; the square root is taken once, at the end);
     # four partial sums: not one serial chain of additions (a quarter of a 16-parameter iteration)
@@ -69,7 +80,7 @@ def _gnorm2(g):
     return (s0 + s1) + (s2 + s3)
 
 
-@njit(**_NJ)
+@njit(cache=True, **_NJ)
 def _rademacher(rng, r, D):
     # splitmix64: a tiny seedable generator whose state lives in rng[r], so chunking and the
     # interpreted driver draw exactly the same perturbations
@@ -84,13 +95,20 @@ def _rademacher(rng, r, D):
     rng[r] = s
 
 
+# the kernel's step for the interpreted driver (python_driver): the inline kernel, called from Python, would be
+# compiled (uncached) in every process; this twin inlines it and loads from the cache
+@njit(cache=True, **_NJ)
+def _inplace_cached(x, g, {sparams}hp, t):
+    return _inplace(x, g, {sparams}hp, t)
+
+
 {drivers}
 '''
 
 # One driver body per gradient mode; {evaluate} computes f (and fills g) at x for iteration ``it``.
 _DRIVER_BODY = '''
 @njit(cache=True, **_NJ)
-def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol, ftol, sp, rng, XP, D):
+def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol, ftol, FT, sp, rng, XP, D):
     B, n = X.shape
     for r in range(B):
         if I[r, 3] != 0:
@@ -107,6 +125,7 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
         f = F[r, 0]
         gn2 = F[r, 2] * F[r, 2]
         gtol2 = gtol * gtol if gtol >= 0.0 else -1.0
+        ftarget = FT[r]  # -inf: no target
         reason = 0
         stop = it + nsteps
         keep = H.shape[1] > 1
@@ -116,6 +135,9 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
             gn2 = _gnorm2(g)
             if not (math.isfinite(f) and math.isfinite(gn2)):
                 reason = 3
+                break
+            if f <= ftarget:  # right after the evaluation: x_k is the point that reached the target
+                reason = 6
                 break
             if gn2 <= gtol2:
                 reason = 1
@@ -136,7 +158,7 @@ def {name}(fun, jac, args, X, G, S, HP, TAB, idx, I, F, H, nsteps, maxiter, gtol
                 skipped += 1
                 fprev = np.nan  # x did not move: no loss change to test
             else:
-                reason = 4 + status
+                reason = 5 + status  # RULE_ERROR + (status - 2): the member whose reduction refused
                 break
             it += 1
         I[r, 0] = it
@@ -190,10 +212,28 @@ def driver_module(rule, dtype):
         layout = ChainLayout(rule)
         rows = "".join(f"S[{k}][a:b], " for k in range(layout.n_state))
         sargs = "".join(f"Sr[{k}], " for k in range(layout.n_state))  # no *args: Numba would not inline
+        sparams = "".join(f"s{k}, " for k in range(layout.n_state))
         drivers = "\n".join(_DRIVER_BODY.format(name=f"run_{m}", evaluate=ev, sargs=sargs) for m, ev in _EVAL.items())
         text = _DRIVER_TEMPLATE.format(version=DRIVER_VERSION, kmod=kmod.__name__,
                                        chain=" -> ".join(type(r).__name__ for r in layout.rules), dtype=dtype.name,
-                                       rows=rows, drivers=drivers)
+                                       rows=rows, sparams=sparams, drivers=drivers)
         return import_generated(text)  # content-hashed name: a changed driver is a new file
+
+    return cached(key, make)
+
+
+def python_driver(rule, dtype, mode):
+    """The interpreted driver for ``mode`` ("fg", "jac", "spsa"): the compiled driver's own bytecode (the same
+    loop, the same tests, in the same order) calling the kernel's step through its cached twin
+    ``_inplace_cached``: the kernel module's ``step_inline`` is not cached, so calling it from Python would
+    compile it in every new process. The twin inlines the same step (no fastmath: the same floating-point
+    operations), so the interpreted loop gives bitwise the compiled loop's iterates."""
+    mod = driver_module(rule, dtype)
+    key = ("python driver", kernel_key(rule), np.dtype(dtype).str, mode)
+
+    def make():
+        drv = getattr(mod, f"run_{mode}").py_func
+        names = dict(vars(mod), _inplace=mod._inplace_cached)
+        return types.FunctionType(drv.__code__, names, drv.__name__, drv.__defaults__, drv.__closure__)
 
     return cached(key, make)

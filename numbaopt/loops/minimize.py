@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RUNNING, driver_module
+from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RULE_ERROR, RUNNING, TARGET, driver_module
 from .problem import DEFAULT_GTOL, Problem, count, loss_value
 from .results import BatchResult, OptimizeResult
 
@@ -82,8 +82,20 @@ class Bar:
         self.bar.close()
 
 
-def run(p, compiled, callback, callback_every, progress, make_snapshot):
-    run = p.runner(compiled)
+#: the codes counted as success (``converged``): a tolerance, or the loss target, was met
+SUCCESS = (GTOL, FTOL, TARGET)
+
+
+def run(p, compiled, callback, callback_every, progress, make_snapshot, threads=1):
+    """Advance ``p`` to the end: chunks of compiled (or interpreted) iterations, Python in between."""
+    advance = p.runner(compiled, threads)
+    try:
+        _chunks(p, advance, callback, callback_every, progress, make_snapshot)
+    finally:
+        advance.close()
+
+
+def _chunks(p, advance, callback, callback_every, progress, make_snapshot):
     total = p.maxiter + 1
     bar = None
     if progress:
@@ -91,7 +103,7 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
             bar = Bar(p)
         except ImportError:
             warnings.warn("progress=True needs tqdm (pip install tqdm); running without a progress bar",
-                          stacklevel=3)
+                          stacklevel=4)
     if callback is not None:
         chunk = callback_every
     elif bar is not None:
@@ -102,7 +114,7 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
     try:
         while True:
             t0 = time.perf_counter()
-            run(chunk)
+            advance(chunk)
             dt = time.perf_counter() - t0
             if first:  # every row has evaluated its gradient once: was grad_out written?
                 p.check_gradient_written()
@@ -132,8 +144,7 @@ def run(p, compiled, callback, callback_every, progress, make_snapshot):
 def message(code, rules):
     if code in REASONS:
         return REASONS[code]
-    status = code - 4
-    rule = rules.rules[status - 2]
+    rule = rules.rules[code - RULE_ERROR]  # RULE_ERROR + k: member k's reduction refused the step
     msg = getattr(type(rule), "error_message", "reduction reported an error")
     return f"{type(rule).__name__}: {msg}"
 
@@ -153,7 +164,7 @@ def finish(p):
             else:
                 f = loss_value(p.fun(p.X[r], *p.args))
                 p.jac(p.X[r], g, *p.args)
-            p.F[r, 2] = driver_module(p.rules[0], p.dtype)._gnorm(g)
+            p.F[r, 2] = driver_module(p.rules[0], p.dtype).grad_norm(g)  # cached: no compile here
         else:
             continue
         p.F[r, 0] = f
@@ -166,8 +177,9 @@ def finish(p):
 def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Callable[..., Any] | SPSA | None = None,
              *, args: tuple[Any, ...] = (), maxiter: int = 1000, gtol: float | None = DEFAULT_GTOL,
              ftol: float | None = None, schedule: ScheduleArg = None,
-             callback: Callable[[OptimizeResult], bool | None] | None = None, callback_every: int = 1,
-             progress: bool = False, compiled: bool | None = None, history: bool = True) -> OptimizeResult:
+             f_target: float | None = None, callback: Callable[[OptimizeResult], bool | None] | None = None,
+             callback_every: int = 1, progress: bool = False, compiled: bool | None = None,
+             history: bool = True) -> OptimizeResult:
     """Minimise ``fun`` from ``x0`` with an update rule (or a fused chain); a scipy-like driver.
 
     ``fun(x, grad_out, *args) -> loss`` writes the gradient into ``grad_out``; or give
@@ -179,6 +191,10 @@ def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Ca
     Each iteration evaluates the loss and gradient at ``x_k``, then stops when the gradient's 2-norm is
     ``<= gtol``, when ``|f_k - f_(k-1)| <= ftol * max(|f_k|, |f_(k-1)|, 1)``, when the loss or gradient
     is not finite, or after ``maxiter`` steps (``None`` disables a tolerance); otherwise the rule steps.
+    ``f_target`` stops as soon as the loss is ``<= f_target`` (status ``TARGET``, counted in ``converged``),
+    tested inside the compiled loop right after each evaluation. With SPSA the test is on the mean of the two
+    perturbed evaluations (no extra evaluation per step); ``fun`` and ``history[nit]`` are then the loss at
+    the final ``x``, evaluated once more, which can lie above the target.
     With ``jac=SPSA(...)`` the default ``gtol`` is disabled (an estimate can be exactly zero far from a
     minimum); an explicit ``gtol`` applies to the estimate of each iteration.
     ``schedule`` drives hyperparameters inside the compiled loop: a numbaopt schedule, or a function of the
@@ -195,7 +211,7 @@ def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Ca
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
     callback_every = count("callback_every", callback_every, 1)
-    p = Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False, history)
+    p = Problem(fun, x0, rule, jac, args, maxiter, gtol, ftol, schedule, "x0", False, history, f_target)
 
     def snapshot():
         # between chunks x is x_nit (stepped), evaluated up to x_(nit-1): fun is history[-1]
@@ -211,7 +227,7 @@ def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Ca
     if p.mode == "spsa" and code not in (MAXITER, CALLBACK):
         nfev += 2  # the iteration that met a tolerance evaluated fun twice before stopping
     x = p.X[0].copy()
-    return OptimizeResult(x=x, fun=float(p.F[0, 0]), nit=it, nfev=nfev, converged=code in (GTOL, FTOL),
+    return OptimizeResult(x=x, fun=float(p.F[0, 0]), nit=it, nfev=nfev, converged=code in SUCCESS,
                           status=code, message=message(code, p.rules[0]),
                           history=p.H[0, :it + 1].copy() if p.keep else None,
                           grad_norm=float(p.F[0, 2]), t=t, skipped=skipped, state=p.S)
@@ -220,8 +236,10 @@ def minimize(fun: Callable[..., Any], x0: ArrayLike, rule: Rule | Chain, jac: Ca
 def minimize_batch(fun: Callable[..., Any], X0: ArrayLike, rule: Rule | Chain | Sequence[Rule | Chain],
                    jac: Callable[..., Any] | SPSA | None = None, *, args: tuple[Any, ...] = (), maxiter: int = 1000,
                    gtol: float | None = DEFAULT_GTOL, ftol: float | None = None, schedule: ScheduleArg = None,
+                   f_target: float | ArrayLike | None = None,
                    callback: Callable[[BatchResult], bool | None] | None = None, callback_every: int = 1,
-                   progress: bool = False, compiled: bool | None = None, history: bool = True) -> BatchResult:
+                   progress: bool = False, compiled: bool | None = None, history: bool = True,
+                   threads: int = 1) -> BatchResult:
     """Minimise ``fun`` from every row of ``X0`` (shape ``(B, n)``): B independent problems at once.
 
     Each row has its own rule state, its own step count and its own stopping status; one compiled call
@@ -229,16 +247,29 @@ def minimize_batch(fun: Callable[..., Any], X0: ArrayLike, rule: Rule | Chain | 
     those of :func:`minimize` (``fun`` sees one row at a time); row ``r`` gives exactly the iterates of
     ``minimize(fun, X0[r], ...)``. ``rule`` is one rule for all rows, or a list of B rules of the same
     types and options (e.g. a sweep over ``lr``). ``callback`` receives a :class:`BatchResult` snapshot.
+
+    ``f_target``: one loss target for every row, or an array of B per-row targets; a row stops as soon as
+    its loss is ``<=`` its target (status ``TARGET``), the others go on (multi-start: stop each start once
+    it is good enough). ``threads=k`` runs the rows in ``k`` contiguous blocks, one thread each (the compiled
+    driver releases the GIL), bitwise the result of ``threads=1``: see :mod:`numbaopt.loops.blocks`. Only
+    a compiled loop runs in parallel: with a Python objective (or ``compiled=False``) it warns and runs on
+    one thread. ``fun`` must then be thread-safe (no scratch array shared through ``args``).
     """
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {callback!r}")
     callback_every = count("callback_every", callback_every, 1)
-    p = Problem(fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, "X0", True, history)
+    threads = count("threads", threads, 1)
+    p = Problem(fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, "X0", True, history, f_target)
+    if threads > 1 and not p.runs_compiled(compiled):
+        warnings.warn(f"minimize_batch(threads={threads}): the objective runs in Python (it holds the GIL), so "
+                      "the rows run on one thread; pass @numba.njit functions to run them in parallel",
+                      RuntimeWarning, stacklevel=2)
+        threads = 1
 
     def snapshot():
         return batch_result(p, live=True)
 
-    run(p, compiled, callback, callback_every, progress, snapshot)
+    run(p, compiled, callback, callback_every, progress, snapshot, threads)
     finish(p)
     return batch_result(p, live=False)
 
@@ -252,7 +283,7 @@ def batch_result(p, live):
         nfev = its + 1
     width = int(its.max()) + 1
     return BatchResult(x=p.X if live else p.X.copy(), fun=p.F[:, 0].copy(), nit=its, nfev=nfev,
-                       converged=np.isin(codes, (GTOL, FTOL)), status=codes,
+                       converged=np.isin(codes, SUCCESS), status=codes,
                        message=[message(int(c), p.rules[0]) if c else "running" for c in codes],
                        history=p.H[:, :width].copy() if p.keep else None, grad_norm=p.F[:, 2].copy(),
                        t=p.I[:, 1].copy(),

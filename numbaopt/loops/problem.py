@@ -1,18 +1,20 @@
 """One optimisation problem (or a batch of them) validated and laid out for the drivers: nothing runs here."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from ..backends.state import Leaf, as_rule, check_param_dtype
 from ..compiler import ChainLayout, real_dtype
 from ..schedules import is_schedule, schedule_table
-from .drivers import driver_module, kernel_key
+from .blocks import BlockRunner, row_blocks
+from .drivers import driver_module, kernel_key, python_driver
 from .fnref import compiled_entry
 from .spsa import SPSA
 
 __all__ = ["Problem", "is_njit", "nonneg", "count", "as_params", "schedule_values", "check_values", "schedule_slots",
-           "DefaultTolerance", "DEFAULT_GTOL", "checked_jac", "fill_unwritten", "unwritten_gradient"]
+           "DefaultTolerance", "DEFAULT_GTOL", "checked_jac", "fill_unwritten", "unwritten_gradient", "loss_targets"]
 
 
 class DefaultTolerance(float):
@@ -116,6 +118,37 @@ def count(name, v, low):
     return int(v)
 
 
+def loss_targets(f_target, B, per_row):
+    """``f_target`` as B per-row loss targets (float64; ``-inf``: none): ``None``, one real number, or (with
+    ``per_row``, for :func:`minimize_batch`) an array of B numbers. NaN is refused (no loss is ``<=`` NaN:
+    a NaN target would silently never stop); ``+inf`` stops every row at its first evaluation."""
+    if f_target is None:
+        return np.full(B, -np.inf)
+    what = f"a real number or an array of {B} per-row targets" if per_row else "a real number"
+    if isinstance(f_target, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+        raise TypeError(f"f_target must be {what} (or None), got {f_target!r}")
+    if isinstance(f_target, (int, float, np.integer, np.floating)):
+        ft = np.full(B, float(f_target))
+    else:  # an array (or a 0-d array, a torch or JAX scalar: one number)
+        try:
+            a = np.asarray(f_target)
+        except Exception as e:  # noqa: BLE001 - whatever the object, the error names f_target
+            raise TypeError(f"f_target must be {what} (or None), got {type(f_target).__name__} ({e})") from None
+        if a.dtype.kind not in "iuf":
+            raise TypeError(f"f_target must be {what} (or None), got an array of dtype {a.dtype}")
+        if a.ndim and not per_row:
+            raise TypeError(f"f_target must be {what} (or None), got an array of shape {a.shape}; one target "
+                            "per row is for minimize_batch")
+        if a.shape not in ((), (B,)):
+            raise ValueError(f"f_target: shape {a.shape} for {B} rows; expected {what}")
+        ft = np.array(np.broadcast_to(a.astype(np.float64), (B,)))
+    if np.isnan(ft).any():
+        r = int(np.argmax(np.isnan(ft)))
+        raise ValueError(f"f_target{f'[{r}]' if per_row and np.ndim(f_target) else ''} is NaN; expected a real "
+                         "number (-inf or None: no target)")
+    return ft
+
+
 def as_params(x0, where, ndim):
     a = np.asarray(x0)
     if a.dtype.kind in "biu":
@@ -183,7 +216,7 @@ class Problem:
     """Everything the drivers need for B rows of n parameters (validated, nothing written yet)."""
 
     def __init__(self, fun, X0, rule, jac, args, maxiter, gtol, ftol, schedule, where, per_row_rules,
-                 history=True):
+                 history=True, f_target=None):
         if not callable(fun):
             raise TypeError(f"fun must be callable, got {fun!r}")
         if not isinstance(args, tuple):
@@ -256,6 +289,7 @@ class Problem:
         self.HP, self.TAB = HP, TAB
         self.idx = np.array(ks, dtype=np.int64)
         self.B, self.n = B, n
+        self.FT = loss_targets(f_target, B, per_row_rules)
         self.G = np.zeros_like(X)
         if self.spsa is None:  # fun/jac write it: a gradient left unwritten is caught after the first call
             fill_unwritten(self.G)
@@ -283,22 +317,58 @@ class Problem:
             self.D = np.empty((1, 1))
 
     # -- the call -----------------------------------------------------------------------------
-    def runner(self, compiled):
-        mod = driver_module(self.rules[0], self.dtype)
-        drv = getattr(mod, f"run_{self.mode}")
+    def runs_compiled(self, compiled):
+        """Whether the loop runs compiled: ``compiled``, or by default when ``fun`` (and ``jac``) are njit."""
         if compiled is None:
-            compiled = is_njit(self.fun) and (self.jac is None or is_njit(self.jac))
-        if not compiled:
-            py = drv.py_func
+            return is_njit(self.fun) and (self.jac is None or is_njit(self.jac))
+        return bool(compiled)
+
+    def runner(self, compiled, threads=1):
+        """``advance(nsteps)`` (a :class:`BlockRunner`; ``close()`` it): every running row goes on for up to
+        ``nsteps`` iterations, compiled or interpreted, its rows in ``threads`` blocks (one thread each)."""
+        if not self.runs_compiled(compiled):
+            py = python_driver(self.rules[0], self.dtype, self.mode)
             fun = checked_loss(self.fun)  # a str, None or vector loss is named, not a NumPy error or a NaN
             jac = None if self.jac is None else checked_jac(self.jac, self.jac_returned)  # named in errors
-            return lambda nsteps: py(fun, jac, self.args, *self._arrays(), nsteps, *self._tail())
+            whole = (self._arrays(), self._tail())
+            return BlockRunner(lambda a, nsteps: py(fun, jac, self.args, *a[0], nsteps, *a[1]), [(0, self.B)],
+                               [whole], self.I)
         if not is_njit(self.fun) or (self.jac is not None and not is_njit(self.jac)):
             raise TypeError("compiled=True needs fun (and jac) to be @numba.njit functions")
-        entry, fun, jac = compiled_entry(drv, self)
-        arrays = self._arrays()
-        tail = self._tail()
-        return lambda nsteps: entry(fun, jac, self.args, *arrays, nsteps, *tail)
+        entry, fun, jac = compiled_entry(getattr(driver_module(self.rules[0], self.dtype), f"run_{self.mode}"), self)
+        blocks = row_blocks(self.B, threads)
+        whole = (self._arrays(), self._tail())
+        block_args = [whole]
+        if len(blocks) > 1:
+            block_args = [self.block(lo, hi) for lo, hi in blocks]
+
+            def types_of(a):
+                return tuple(numba.typeof(v) for v in a[0] + a[1])
+
+            # the entry point unboxes its arguments unchecked: every block must have the batch's types
+            if any(types_of(a) != types_of(whole) for a in block_args):
+                raise RuntimeError("numbaopt: a block of rows does not have the batch's array types")
+        return BlockRunner(lambda a, nsteps: entry(fun, jac, self.args, *a[0], nsteps, *a[1]), blocks, block_args,
+                           self.I)
+
+    def block(self, lo, hi):
+        """``(arrays, tail)`` of the driver's call for rows ``lo:hi``, as views: every array indexed by row is
+        sliced (the rule state is flat, ``n`` entries a row); a shared one (one row of hyperparameters or
+        schedules for every row, SPSA's scratch when unused) is passed whole, read-only, except the one
+        row of hyperparameters when a schedule drives it: each row writes its own step's values into it
+        just before stepping, so each block gets its own copy (sharing it, a block at step 40 could
+        overwrite the learning rate a block at step 50 is about to use)."""
+        n, B = self.n, self.B
+
+        def rows(a):
+            return a[lo:hi] if B > 1 and a.shape[0] == B else a
+
+        X, G, S, HP, TAB, idx, I, F, H = self._arrays()
+        maxiter, gtol, ftol, FT, sp, rng, XP, D = self._tail()
+        S = tuple(s[lo * n:hi * n] for s in S)
+        HP = rows(HP) if HP.shape[0] == B or idx.size == 0 else HP.copy()
+        return ((rows(X), rows(G), S, HP, rows(TAB), idx, rows(I), rows(F), rows(H)),
+                (maxiter, gtol, ftol, rows(FT), sp, rows(rng), rows(XP), rows(D)))
 
     def check_gradient_written(self):
         """After the first chunk (every row evaluated once): a ``TypeError`` when ``fun`` (or ``jac``) left
@@ -324,4 +394,4 @@ class Problem:
         return (self.X, self.G, self.S, self.HP, self.TAB, self.idx, self.I, self.F, self.H)
 
     def _tail(self):
-        return (self.maxiter, self.gtol, self.ftol, self.sp, self.rng, self.XP, self.D)
+        return (self.maxiter, self.gtol, self.ftol, self.FT, self.sp, self.rng, self.XP, self.D)

@@ -12,11 +12,12 @@ class OptimizeResult:
     """What :func:`minimize` returns.
 
     ``x`` (the final parameters), ``fun`` (the loss at ``x``), ``nit`` (iterations: gradient
-    evaluations followed by a step), ``nfev`` (objective evaluations), ``converged`` (a tolerance was
-    met; ``success`` is an alias), ``status`` (a reason code) and ``message`` (the reason in words),
-    ``history`` (the loss at every iterate: ``history[k]`` at ``x_k``, ``nit + 1`` values; with SPSA the
-    first ``nit`` are the mean of the two perturbed evaluations), ``grad_norm``, ``t`` (steps the rule
-    took), ``skipped`` (steps a rule skipped) and ``state`` (the rule's state arrays).
+    evaluations followed by a step), ``nfev`` (objective evaluations), ``converged`` (a tolerance, or
+    ``f_target``, was met; ``success`` is an alias), ``status`` (a reason code: ``numbaopt.loops.GTOL``...)
+    and ``message`` (the reason in words), ``history`` (the loss at every iterate: ``history[k]`` at
+    ``x_k``, ``nit + 1`` values; with SPSA the first ``nit`` are the mean of the two perturbed
+    evaluations), ``grad_norm``, ``t`` (steps the rule took), ``skipped`` (steps a rule skipped) and
+    ``state`` (the rule's state arrays).
     """
 
     # the fields, for type checkers (a callback's snapshot has x, fun, nit, grad_norm, history and t)

@@ -1,12 +1,13 @@
 r"""The fast path of ``update_`` on a tree: the model stepped last time, stepped again with little Python.
 
-After a general step found every trained, unfrozen leaf to be a writeable contiguous ndarray of its
-compute dtype (no ties, no master copies, no device leaves), :meth:`FastPlan.build` generates a function
-listing the parameter and gradient leaves of exactly this model, and :func:`numbaopt.backends.abi.gather_lists`
-checks them (identity of the parameters, type, shape, dtype, contiguity, writeability of both) and reads
-their data pointers in compiled code. The plan then runs the same :class:`numbaopt.tree.step.Run`\ s through
-the same transaction as the general path (:func:`numbaopt.tree.step.execute`). Anything unexpected sends
-the step to the general path, which names the bad leaf.
+After a general step found every trained, unfrozen leaf to be a writeable contiguous ndarray (or ndarray
+subclass, :func:`numbaopt.tree.params.is_array_subclass`) of its compute dtype (no ties, no master copies,
+no device leaves), :meth:`FastPlan.build` generates a function listing the parameter and gradient leaves
+of exactly this model, and :func:`numbaopt.backends.abi.gather_lists` checks them (identity of the
+parameters, type, shape, dtype, contiguity, writeability of both) and reads their data pointers in
+compiled code. The plan then runs the same :class:`numbaopt.tree.step.Run`\ s through the same
+transaction as the general path (:func:`numbaopt.tree.step.execute`). Anything unexpected sends the step
+to the general path, which names the bad leaf.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..backends import abi
 from ..backends.alias import fast_table
+from .params import ARRAY_SUBCLASSES
 from .step import Order, Run, addresses, execute
 
 __all__ = ["FastPlan", "gen_gather", "Miss"]
@@ -111,8 +113,11 @@ class FastPlan:
         us = [s.pos_u[p] for p in order]
         for u in us:
             grp = c.groups[s.u_group[u]]
-            if type(xu[u]) is not np.ndarray or not iu[u].writeable or grp.masters[s.u_j[u]] is not None \
-                    or xu[u].dtype != grp.dtype:
+            # an ndarray subclass (a pennylane tensor) too: gather_lists compares the parameters by identity
+            # and reads their ndarray header, which a subclass instance begins with (the gradients stay exact)
+            tx = type(xu[u])
+            if not (tx is np.ndarray or tx in ARRAY_SUBCLASSES) or not iu[u].writeable \
+                    or grp.masters[s.u_j[u]] is not None or xu[u].dtype != grp.dtype:
                 return None
         if old is not None and len(old.params) == len(us) and all(a is xu[u] for a, u in zip(old.params, us)):
             return old  # the same arrays: the plan stands

@@ -5,7 +5,9 @@
 (integer/boolean arrays, strings, ``None``, functions, other objects). Built in:
 
 * ``np.ndarray`` of a floating or complex dtype: written in place when ``x.flags.writeable``; a
-  read-only array is immutable (the step returns a new, also read-only, array);
+  read-only array is immutable (the step returns a new, also read-only, array); an ndarray subclass
+  (``pennylane.numpy.tensor``, ``np.memmap``; not ``np.matrix`` or masked arrays: :func:`is_array_subclass`)
+  the same, through its ndarray view, a new value taking the old one's type (:func:`wrap_like`);
 * Python ``float``/``complex`` and NumPy floating scalars: immutable scalars (a new scalar is returned);
 * ``torch.Tensor`` on the CPU (only when torch is already imported by the user; torch is never
   imported here): written in place through the memory it shares with ``tensor.detach().numpy()``, then
@@ -42,7 +44,8 @@ from ..backends.cuda.arrays import is_device_array
 from .jax_models import is_jax_array, jax_facts, jax_from_host, jax_to_host
 
 __all__ = ["ParamInfo", "param_info", "same", "new_array", "new_readonly_array", "ND_WRITEABLE", "ND_READONLY",
-           "is_torch_tensor", "is_torch_module", "bump_version"]
+           "is_torch_tensor", "is_torch_module", "bump_version", "ARRAY_SUBCLASSES", "is_array_subclass",
+           "ndarray_view", "wrap_like"]
 
 
 def same(x):
@@ -185,10 +188,58 @@ def _jax_info(x):
 def _(x):
     if x.dtype.kind not in "fc":
         return None
+    if type(x) is not np.ndarray and is_array_subclass(type(x)):  # stepped through its ndarray view
+        kind = type(x).__name__
+        if x.flags.writeable:
+            return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=True, to_array=ndarray_view,
+                             from_array=wrap_like, kind=kind)
+        return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=False, to_array=ndarray_view,
+                         from_array=wrap_like, kind=f"read-only {kind}")
     if x.flags.writeable:
         return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=True, kind="array")
     return ParamInfo(dtype=x.dtype, shape=x.shape, writeable=False, from_array=new_readonly_array,
                      kind="read-only array")
+
+
+#: the ndarray subclasses stepped like an ndarray, found so far: ``update_``'s fast path tests membership
+ARRAY_SUBCLASSES: set = set()
+_subclass_verdicts: dict = {}  # type -> bool, decided once per type
+
+
+def is_array_subclass(cls) -> bool:
+    """Whether ``cls`` is an ndarray subclass that numbaopt steps as its ndarray data, exactly like an
+    ndarray (a :class:`numbaopt.Leaf` for one array, a leaf written in place in a tree): a
+    ``pennylane.numpy.tensor``, a ``np.memmap``, most others. Two are not: ``np.matrix`` (always 2-D, its
+    ``reshape(-1)`` is a ``(1, n)`` matrix, so it cannot be viewed as the flat vector the kernels step) and
+    masked arrays (a step on the data would ignore the mask); they keep the general tree path, as before.
+    A True verdict adds ``cls`` to :data:`ARRAY_SUBCLASSES`."""
+    got = _subclass_verdicts.get(cls)
+    if got is None:
+        got = isinstance(cls, type) and issubclass(cls, np.ndarray) and cls is not np.ndarray \
+            and not issubclass(cls, (np.matrix, np.ma.MaskedArray))
+        _subclass_verdicts[cls] = got
+        if got:
+            ARRAY_SUBCLASSES.add(cls)
+    return got
+
+
+def ndarray_view(x) -> np.ndarray:
+    """``to_array`` of an ndarray subclass: its data as a plain ndarray (a view, nothing copied)."""
+    return x.view(np.ndarray)
+
+
+def wrap_like(a: np.ndarray, old):
+    """The new values ``a`` of the ndarray subclass ``old`` as ``old``'s type: by ``old.__array_wrap__(a)``,
+    which is how NumPy itself turns the result of a ufunc on ``old`` (``old - step``) into its type. A
+    ``pennylane.numpy.tensor`` stays a tensor with its ``requires_grad`` (without it ``qml.grad`` finds no
+    trainable argument); a ``np.memmap`` gives a plain ndarray, as NumPy does (the new values are not in its
+    file). The result of a read-only ``old`` is read-only too."""
+    if not old.flags.writeable:
+        a = new_readonly(a)
+    out = old.__array_wrap__(a)
+    if not old.flags.writeable and isinstance(out, np.ndarray) and out.flags.writeable:
+        out.flags.writeable = False
+    return out
 
 
 def _scalar_info(x, dtype):

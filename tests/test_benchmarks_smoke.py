@@ -1,0 +1,45 @@
+"""benchmarks/vqe_vs_pennylane.py at its smallest size (6 qubits, 1 layer, a loose target, a tiny budget).
+
+It runs as a subprocess, as a user runs it: the benchmark pins NUMBA_NUM_THREADS=1 before numba is imported,
+which an already-imported numba in this process would refuse. What must hold for the comparison to mean
+anything: both sides agree at the start (checked inside, to 1e-12), take the same iterations to the same
+error (the same optimiser), reach the target, and the JSON, the markdown table and the plot come out.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "vqe_vs_pennylane.py")
+
+
+def test_vqe_vs_pennylane_smallest(tmp_path):
+    pytest.importorskip("pennylane", reason="the benchmark compares with PennyLane")
+    pytest.importorskip("matplotlib", reason="the benchmark's --plot needs matplotlib")
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    cmd = [sys.executable, SCRIPT, "--qubits", "6", "--layers", "1", "--target", "0.05", "--budget", "20",
+           "--repeat", "1", "--check-steps", "3", "--maxiter", "2000", "--pl-device", "lightning.qubit:adjoint",
+           "--json", str(out_json), "--plot", str(out_png)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| qubits | row | side |" in proc.stdout and "NUMBA_NUM_THREADS=1" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert data["meta"]["NUMBA_NUM_THREADS"] == "1" and data["meta"]["OMP_NUM_THREADS"] == "1"
+    rows = {r["row"]: r for r in data["results"]}
+    assert set(rows) == {"adam", "qng", "rotosolve"} and rows["adam"]["available"]
+    for name, r in rows.items():
+        if not r["available"]:
+            assert f"not available ({r['why']})" in proc.stdout
+            continue
+        ours, theirs = r["numbaopt"], r["pennylane"]
+        assert r["agreement_at_x0"]["energy"] <= 1e-12 and r["agreement_at_x0"]["gradient"] <= 1e-12
+        assert r["max_dtheta_after_check"] < 1e-8, name
+        assert ours["reached"] and theirs["reached"], name
+        assert ours["iterations"] == theirs["iterations"], name
+        assert abs(ours["final_error"] - theirs["final_error"]) < 1e-9, name
+        assert 0 < ours["final_error"] <= 0.05 and r["ratio"] > 0 and r["ratio_is"] == "exact"
+        assert len(ours["trace"]) >= 2 and len(theirs["trace"]) >= 1
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
