@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit, types
 
 from ..loops import CALLBACK, MAXITER, NONFINITE, TARGET, OptimizeResult
+from ..loops.drivers import REASONS
 from ..loops.fnref import FnRef, fn_type, fnref_type
 from ..loops.problem import count, is_njit, loss_value
 
@@ -34,9 +35,8 @@ __all__ = ["minimize_qnspsa", "pennylane_directions", "TARGET"]
 
 _NJ = dict(cache=True, error_model="numpy", nogil=True)
 
-# the status codes are numbaopt.loops' (TARGET: the loss reached ``f_target``)
-_REASONS = {TARGET: "loss <= f_target", NONFINITE: "non-finite loss", MAXITER: "maximum number of iterations reached",
-            CALLBACK: "stopped by the callback"}
+# the status codes and messages are numbaopt.loops' (TARGET: the loss reached ``f_target``); there is no gradient
+_REASONS = {**REASONS, NONFINITE: "non-finite loss"}
 # the integer state of a run (array I): which slot holds what
 _IT, _K, _NFEV, _NOV, _REASON, _REJECTED, _USE_DIR, _BLOCKING, _R, _MAXITER, _AVG_REG = range(11)
 _JACOBI_SWEEPS = 100  # Jacobi converges quadratically: a warm start takes a few sweeps, a cold one ~10
