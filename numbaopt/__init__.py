@@ -18,12 +18,15 @@ from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available
 from .backends.state import Leaf, StateInUseError
 from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
 from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
-from .rules import (AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, Chain, ClipGlobalNorm,
-                    ClipGrad, ClipNorm, Descent, LAMB, LAMBDirection, LARS, Lion, Lookahead, LookaheadSync,
-                    MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard, OAdam, RAdam, RMSProp, Rprop, Rule,
-                    SignDecay, Signum, SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, chain, hyper, option, state)
-from .schedules import (Schedule, constant, cosine, exponential, join, linear, one_cycle, piecewise_constant,
-                        step_decay, warmup_cosine)
+from .plateau import ReduceOnPlateau
+from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
+                    Chain, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB, LAMBDirection,
+                    LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard,
+                    NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum, SkipNonFinite, Trace,
+                    TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
+from .schedules import (Schedule, constant, cosine, exponential, join, linear, linear_one_cycle, one_cycle,
+                        piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay, warmup_constant, warmup_cosine,
+                        warmup_exponential)
 from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
                    param_info, register_container, thaw_)
 
@@ -41,10 +44,12 @@ __all__ = [
     "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop",
     "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad", "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm",
     "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS",
-    "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "AccumGrad", "MixedPrecision",
+    "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
+    "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad", "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
-    "warmup_cosine", "one_cycle", "join",
+    "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",
+    "sgdr", "sgdr_cycles", "ReduceOnPlateau",
     # trees
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
     "param_info", "freeze_", "thaw_", "destructure",

@@ -198,3 +198,285 @@ def test_the_boundary_convention_is_optax_and_torch_not_one_step_earlier():
     assert [j(t) for t in (1, 2, 3)] == [1.0, 1.0, 2.0]
     with pytest.raises(ValueError, match="boundaries"):
         no.join([no.constant(1.0), no.constant(2.0)], [0])
+
+
+# -- the schedules of issue 15: polynomial, warmup_constant, warmup_exponential, linear_one_cycle, sgdr ----------
+def _optax_at(sched, n):
+    """optax's values at the counts 0..n-1, fed as float64 (one vectorised call: fast)."""
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    return np.asarray(jax.vmap(sched)(jnp.arange(n, dtype=jnp.float64)), dtype=np.float64)
+
+
+def _new_optax_cases():
+    import optax
+    sgdr_kw = [dict(init_value=0.3, peak_value=0.3, warmup_steps=0, decay_steps=4 * 2 ** k, end_value=0.01)
+               for k in range(3)]
+    return [
+        (no.polynomial(1.0, 0.01, 2, 20), optax.polynomial_schedule(1.0, 0.01, 2, 20)),
+        (no.polynomial(0.5, 0.1, 0.5, 13, begin=7), optax.polynomial_schedule(0.5, 0.1, 0.5, 13, 7)),
+        (no.polynomial(0.1, 0.9, 3.0, 1), optax.polynomial_schedule(0.1, 0.9, 3.0, 1)),
+        (no.warmup_constant(0.2, 9, start=0.02), optax.warmup_constant_schedule(0.02, 0.2, 9)),
+        (no.warmup_exponential(0.5, 6, 0.7, every=4, start=0.05),
+         optax.warmup_exponential_decay_schedule(0.05, 0.5, 6, 4, 0.7)),
+        (no.warmup_exponential(0.5, 6, 0.7, every=4, begin=5, staircase=True, end=0.2),
+         optax.warmup_exponential_decay_schedule(0.0, 0.5, 6, 4, 0.7, transition_begin=5, staircase=True,
+                                                 end_value=0.2)),
+        (no.warmup_exponential(0.1, 3, 1.2, every=2, end=0.3),  # growing: end is a cap
+         optax.warmup_exponential_decay_schedule(0.0, 0.1, 3, 2, 1.2, end_value=0.3)),
+        (no.warmup_exponential(-0.5, 0, 0.9), optax.warmup_exponential_decay_schedule(0.0, -0.5, 0, 1, 0.9)),
+        (no.linear_one_cycle(0.4, 40), optax.linear_onecycle_schedule(40, 0.4)),
+        (no.linear_one_cycle(0.4, 17, pct_start=0.25, pct_final=0.7, div_factor=5.0, final_div_factor=50.0),
+         optax.linear_onecycle_schedule(17, 0.4, 0.25, 0.7, 5.0, 50.0)),
+        (no.linear_one_cycle(0.4, 10, pct_start=0.05, pct_final=0.5),  # int(0.5) = 0: starts at the peak
+         optax.linear_onecycle_schedule(10, 0.4, 0.05, 0.5)),
+        (no.sgdr(0.3, 4, mult=2, end=0.01), optax.sgdr_schedule(sgdr_kw)),
+        (no.sgdr_cycles([dict(peak=0.3, steps=4 * 2 ** k, end=0.01) for k in range(3)]),
+         optax.sgdr_schedule(sgdr_kw)),
+        (no.sgdr_cycles([dict(peak=1.0, warmup=3, steps=10, start=0.1, end=0.05), dict(peak=0.5, steps=7),
+                         dict(peak=0.25, warmup=1, steps=5, end=0.01)]),
+         optax.sgdr_schedule([dict(init_value=0.1, peak_value=1.0, warmup_steps=3, decay_steps=10, end_value=0.05),
+                              dict(init_value=0.0, peak_value=0.5, warmup_steps=0, decay_steps=7, end_value=0.0),
+                              dict(init_value=0.0, peak_value=0.25, warmup_steps=1, decay_steps=5,
+                                   end_value=0.01)])),
+    ]
+
+
+def test_new_schedules_equal_optax_at_every_count_and_boundary():
+    n = 60  # every boundary above lies within the first 60 counts, and the values after the last one
+    ts = np.arange(1, n + 1)
+    for ours, theirs in _new_optax_cases():
+        want = _optax_at(theirs, n)
+        # sgdr restarts for ever where optax's cycles end (after 4 + 8 + 16 = 28 steps): compared up to there
+        m = 28 if isinstance(ours, S.sgdr) else n
+        np.testing.assert_allclose(ours.values(ts)[:m], want[:m], rtol=1e-14, atol=1e-16, err_msg=repr(ours))
+
+
+def test_sgdr_equals_torch_cosine_annealing_warm_restarts():
+    import torch
+    L = torch.optim.lr_scheduler
+    n, lr = 70, 0.5
+    ts = np.arange(1, n + 1)
+    for period, mult, end in [(5, 1, 0.0), (3, 2, 0.01), (2, 3, 0.1), (1, 1, 0.02)]:
+        ours = no.sgdr(lr, period, mult, end)
+        ref = _torch_values(lambda o, p=period, m=mult, e=end: L.CosineAnnealingWarmRestarts(o, p, m, e), n, lr)
+        np.testing.assert_allclose(ours.values(ts), ref, rtol=1e-12, atol=1e-15, err_msg=repr(ours))
+    # huge steps: the cycle is found in integers (no float logarithm), vectorised and scalar alike
+    s = no.sgdr(1.0, 3, 2)
+    first = 3 * (2 ** 40 - 1)  # the count at which the cycle of 3 * 2**40 steps begins
+    far = np.array([first, first + 1, first + 3 * 2 ** 39 + 1], dtype=np.int64)  # its step before, first, middle
+    v = s.values(far)
+    assert v[0] < 1e-20 and v[1] == 1.0 and v[2] == pytest.approx(0.5, abs=1e-15) and s(int(far[2])) == v[2]
+
+
+def test_new_schedules_scalar_vector_repr_and_checkpoint(tmp_path):
+    scheds = [no.polynomial(1.0, 0.0, 2.5, 9, begin=2), no.warmup_constant(1.0, 4),
+              no.warmup_exponential(1.0, 3, 0.8, every=2, begin=1, staircase=True, start=0.1, end=0.5),
+              no.warmup_exponential(1.0, 0, 0.9), no.linear_one_cycle(1.0, 20), no.sgdr(1.0, 3, 2, 0.1),
+              no.sgdr_cycles([dict(peak=1.0, steps=3), dict(peak=0.5, warmup=1, steps=4, start=0.1)])]
+    ts = np.arange(1, 40)
+    ns = {n: getattr(S, n) for n in S.__all__}
+    for s in scheds:
+        assert [s(int(t)) for t in ts] == list(s.values(ts))
+        assert eval(repr(s), ns) == s and hash(eval(repr(s), ns)) == hash(s)
+        assert type(s).__module__ == "numbaopt.schedules"  # checkpoints name numbaopt.schedules:<class>
+    x = np.ones(3)
+    st = no.setup(no.chain(no.WeightDecay(no.warmup_exponential(1e-3, 2, 0.5)), no.Adam(lr=no.sgdr(0.1, 3, 2))), x)
+    st, x = no.update_(st, x, np.ones(3))
+    no.save(tmp_path / "s.npz", st)
+    back = no.load(tmp_path / "s.npz")
+    assert back.rule == st.rule
+    # every name of numbaopt.schedules still resolves as before the split into modules
+    import numbaopt.schedules as mod
+    assert mod.cosine is no.cosine and mod.schedule_value(no.cosine(1.0, 2), 1) == 1.0
+
+
+@pytest.mark.parametrize("make,err,match", [
+    (lambda: no.polynomial(1.0, 0.0, 2, 0), ValueError, "steps"),
+    (lambda: no.polynomial(1.0, 0.0, -1, 10), ValueError, "power"),
+    (lambda: no.polynomial(1.0, 0.0, 2, 10, begin=-1), ValueError, "begin"),
+    (lambda: no.polynomial(1.0, 0.0, 2, 10.5), ValueError, "integer"),
+    (lambda: no.warmup_constant(1.0, 0), ValueError, "warmup"),
+    (lambda: no.warmup_exponential(1.0, 5, 0.0), ValueError, "decay=0"),
+    (lambda: no.warmup_exponential(1.0, 5, 0.5, every=0), ValueError, "every"),
+    (lambda: no.warmup_exponential(1.0, 5, 0.5, staircase=1), TypeError, "staircase"),
+    (lambda: no.warmup_exponential(1.0, 5, 0.5, end=float("nan")), ValueError, "end"),
+    (lambda: no.linear_one_cycle(1.0, 10, pct_start=0.5, pct_final=0.5), ValueError, "must increase"),
+    (lambda: no.linear_one_cycle(1.0, 10, pct_final=1.0), ValueError, "must increase"),
+    (lambda: no.linear_one_cycle(1.0, 10, div_factor=0.5), ValueError, "div_factor"),
+    (lambda: no.sgdr(1.0, 0), ValueError, "period"),
+    (lambda: no.sgdr(1.0, 5, mult=1.5), ValueError, "mult"),
+    (lambda: no.sgdr_cycles([]), ValueError, "no cycle"),
+    (lambda: no.sgdr_cycles([dict(peak_value=1.0, decay_steps=5)]), ValueError, "optax's peak_value is peak"),
+    (lambda: no.sgdr_cycles([dict(peak=1.0)]), ValueError, "needs peak and steps"),
+    (lambda: no.sgdr_cycles([dict(peak=1.0, warmup=5, steps=5)]), ValueError, "steps"),
+    (lambda: no.sgdr_cycles([(1.0, 5)]), TypeError, "dict"),
+])
+def test_bad_new_schedules(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+@pytest.mark.parametrize("case", ["polynomial", "warmup_exponential", "linear_one_cycle", "sgdr"])
+def test_a_new_schedule_drives_adam_as_optax_adam(case):
+    import jax
+    import optax
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    ours, theirs = {
+        "polynomial": (no.polynomial(0.1, 0.001, 2, 20, begin=3), optax.polynomial_schedule(0.1, 0.001, 2, 20, 3)),
+        "warmup_exponential": (no.warmup_exponential(0.1, 5, 0.8, every=3, start=0.01, end=0.02),
+                               optax.warmup_exponential_decay_schedule(0.01, 0.1, 5, 3, 0.8, end_value=0.02)),
+        "linear_one_cycle": (no.linear_one_cycle(0.1, 25), optax.linear_onecycle_schedule(25, 0.1)),
+        "sgdr": (no.sgdr(0.1, 4, 2, 0.001), optax.sgdr_schedule([dict(init_value=0.1, peak_value=0.1, warmup_steps=0,
+                                                                      decay_steps=4 * 2 ** k, end_value=0.001)
+                                                                 for k in range(3)])),
+    }[case]
+    rng = np.random.default_rng(3)
+    x0, gs = rng.standard_normal(6), [rng.standard_normal(6) for _ in range(28 if case == "sgdr" else 30)]
+    state, x = no.setup(no.Adam(lr=ours), x0.copy()), x0.copy()
+    tx = optax.adam(lambda count: theirs(jnp.asarray(count, jnp.float64)))
+    p = jnp.asarray(x0)
+    ost = tx.init(p)
+    for g in gs:
+        state, x = no.update_(state, x, g)
+        u, ost = tx.update(jnp.asarray(g), ost, p)
+        p = optax.apply_updates(p, u)
+        np.testing.assert_allclose(x, np.asarray(p), rtol=1e-12, atol=1e-14)
+
+
+def test_the_docstring_examples_run():
+    """The Examples of every schedule and of ReduceOnPlateau (test_docs.py finds only objects whose module is
+    ``numbaopt`` itself); they assume ``import numpy as np, numbaopt as no``."""
+    import doctest
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    ran = 0
+    for name in S.__all__ + ["ReduceOnPlateau"]:
+        obj = getattr(no, name, None) or getattr(S, name)
+        for t in finder.find(obj, name, module=False, globs={"np": np, "no": no}):
+            if t.examples:
+                ran += 1
+                assert runner.run(t).failed == 0, f"{name}: its Examples fail (see stdout)"
+    assert ran >= 7
+
+
+# -- ReduceOnPlateau: optax.contrib.reduce_on_plateau's state machine on the host ------------------------------
+def _plateau_losses():
+    rng = np.random.default_rng(7)
+    down = 2.0 / (1 + np.arange(12.0))
+    flat = 0.2 + 0.01 * rng.standard_normal(30)
+    creep = 0.15 * (1 - 1e-5) ** np.arange(10)  # improvements smaller than rtol: a plateau
+    again = 0.15 - 0.01 * np.arange(8) + 0.02 * rng.standard_normal(8)
+    return np.concatenate([down, flat, creep, [np.nan, 0.1, np.inf], again, flat[::-1]])
+
+
+@pytest.mark.parametrize("kw", [
+    {}, dict(factor=0.5, patience=2), dict(factor=0.5, patience=3, cooldown=2, min_scale=0.05),
+    dict(factor=0.3, patience=1, rtol=0.0, atol=0.01, accumulation_size=3),
+    dict(factor=0.9, patience=2, rtol=0.05, cooldown=1, accumulation_size=2, min_scale=2.0),
+])
+def test_reduce_on_plateau_follows_optax_state_machine(kw):
+    import jax
+    import optax
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    tx = optax.contrib.reduce_on_plateau(**kw)
+    upd = jax.jit(lambda st, v: tx.update(jnp.ones(1), st, value=v)[1])
+    st = tx.init(jnp.zeros(1, jnp.float64))
+    ours = no.ReduceOnPlateau(**kw)
+    for k, loss in enumerate(_plateau_losses()):
+        st = upd(st, jnp.float64(loss))
+        scale = ours.update(loss)
+        got = ours.state_dict()
+        want = {f: getattr(st, f).item() for f in got}
+        assert scale == got["scale"] and got == pytest.approx(want, rel=0, abs=0, nan_ok=True), (k, got, want)
+
+
+def test_reduce_on_plateau_scales_adam_as_optax_chain():
+    """A training loop: the same losses (computed at numbaopt's parameters) fed to both; the scale sequences
+    are equal, the parameters equal to rounding (lr * scale in numbaopt, scale * update in optax)."""
+    import jax
+    import optax
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    kw = dict(factor=0.5, patience=3, cooldown=1, rtol=1e-3)
+    rng = np.random.default_rng(11)
+    a = rng.uniform(0.5, 2.0, 8)
+    x0 = rng.standard_normal(8)
+    noise = 0.05 * rng.standard_normal(80)
+    tx = optax.chain(optax.adam(0.2), optax.contrib.reduce_on_plateau(**kw))
+    step = jax.jit(lambda g, ost, p, v: tx.update(g, ost, p, value=v))  # eager lax.cond steps are slow
+    p = jnp.asarray(x0)
+    ost = tx.init(p)
+    x = x0.copy()
+    state = no.setup(no.Adam(lr=0.2), x)
+    plateau = no.ReduceOnPlateau(**kw)
+    calls = []
+    import numbaopt.plateau as mod
+    real = mod.adjust_
+    mod_adjust = lambda s, **h: (calls.append(h), real(s, **h))[1]
+    mod.adjust_ = mod_adjust
+    try:
+        scales, theirs = [], []
+        for k in range(80):
+            loss = float(np.sum(a * x ** 2) * (1 + noise[k]))
+            g = 2 * a * x * (1 + noise[k])
+            state = plateau.adjust_(state, loss, lr=0.2)
+            state, x = no.update_(state, x, g)
+            u, ost = step(jnp.asarray(g), ost, p, jnp.float64(loss))
+            p = optax.apply_updates(p, u)
+            scales.append(plateau.scale)
+            theirs.append(float(ost[1].scale))
+            np.testing.assert_allclose(x, np.asarray(p), rtol=1e-12, atol=1e-13)
+    finally:
+        mod.adjust_ = real
+    assert scales == theirs and len(set(scales)) >= 3  # reduced at least twice
+    assert len(calls) == len(set(scales))  # adjusted once at the start, then only when the scale changed
+    assert state.rule.value_at("lr", state.t) == 0.2 * scales[-1]
+
+
+def test_reduce_on_plateau_matches_torch_with_patience_plus_one():
+    import torch
+    losses = _plateau_losses()
+    losses = losses[np.isfinite(losses)]
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.5)
+    sch = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=2, threshold=1e-4, cooldown=1,
+                                                     min_lr=0.5 * 0.01, eps=0.0)
+    ours = no.ReduceOnPlateau(factor=0.5, patience=3, cooldown=1, min_scale=0.01)
+    for loss in losses:
+        sch.step(float(loss))
+        assert 0.5 * ours.update(loss) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-15)
+
+
+def test_reduce_on_plateau_checks_and_state():
+    with pytest.raises(ValueError, match="factor"):
+        no.ReduceOnPlateau(factor=1.0)
+    with pytest.raises(ValueError, match="patience=0"):
+        no.ReduceOnPlateau(patience=0)
+    with pytest.raises(ValueError, match="both 0"):
+        no.ReduceOnPlateau(rtol=0.0)
+    with pytest.raises(ValueError, match="rtol"):
+        no.ReduceOnPlateau(rtol=1.5)
+    with pytest.raises(ValueError, match="accumulation_size"):
+        no.ReduceOnPlateau(accumulation_size=0)
+    with pytest.raises(TypeError, match="loss"):
+        no.ReduceOnPlateau().update(np.ones(2))
+    r = no.ReduceOnPlateau(factor=0.5, patience=1)
+    assert eval(repr(r), {"ReduceOnPlateau": no.ReduceOnPlateau}).__dict__.keys() == r.__dict__.keys()
+    for loss in (1.0, 2.0, 3.0):
+        r.update(loss)
+    assert r.scale == 0.25
+    sd = r.state_dict()
+    r2 = no.ReduceOnPlateau(factor=0.5, patience=1)
+    r2.load_state_dict(sd)
+    assert r2.state_dict() == sd and r2.update(4.0) == r.update(4.0) == 0.125
+    r.reset()
+    assert r.scale == 1.0 and r.best_value == math.inf
+    with pytest.raises(ValueError, match="missing"):
+        r.load_state_dict({"scale": 1.0})
+    x = np.ones(2)
+    st = no.setup(no.Adam(), x)
+    with pytest.raises(ValueError, match="lr"):
+        r.adjust_(st, 1.0, lr=float("nan"))

@@ -7,11 +7,13 @@ A rule is one class with its hyperparameters, state and ONE scalar ``step`` (rea
 from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AMSGrad, NAdam, OAdam, RAdam,
                        RMSProp, Yogi)
 from .base import Rule, hyper, option, state
-from .basic import Descent, Momentum, Nesterov, Trace, WeightDecay
+from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
 from .chain import Chain, chain
-from .clipping import ClipGlobalNorm, ClipGrad, ClipNorm, NonFiniteGuard, SkipNonFinite
+from .clipping import (ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
+                       NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
 from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
 from .lookahead import Lookahead, LookaheadSync
+from .recent import ADOPT, AdEMAMix
 from .sign_based import Lion, Rprop, SignDecay, Signum
 from .stages import AccumGrad, MixedPrecision
 
@@ -20,7 +22,8 @@ __all__ = [
     "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop", "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad",
     "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace",
     "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite",
-    "AccumGrad", "MixedPrecision"
+    "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad",
+    "MixedPrecision"
 ]
 
 #: the built-in rules and rule constructors, in catalogue order (docs/rules.md follows it)

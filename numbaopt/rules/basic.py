@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from .base import Rule, hyper, option, state, UNIT
+from .ops import one_minus_pow
 
-__all__ = ["Descent", "Momentum", "Nesterov", "WeightDecay", "Trace"]
+__all__ = ["Descent", "Momentum", "Nesterov", "WeightDecay", "Trace", "EMA"]
 
 
 class Descent(Rule):
@@ -133,4 +134,37 @@ class Trace(Rule):
         m = g + momentum * m
         if nesterov:
             return g + momentum * m, m
+        return m, m
+
+
+class EMA(Rule):
+    """Exponential moving average of the updates (optax's ``ema``): ``m = (1-decay)*g + decay*m``;
+    ``d = m / (1 - decay^t)``, or ``d = m`` with ``debias=False`` (``Trace`` accumulates without the
+    ``1-decay``).
+
+    Kingma and Ba, "Adam: A Method for Stochastic Optimization", 2015, sec. 3 (the debiased moving average).
+    https://arxiv.org/abs/1412.6980
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.chain(no.EMA(0.5), no.Descent(0.1)), x)
+    >>> for _ in range(3): state, x = no.update_(state, x, 2 * x)   # the gradient of sum(x**2)
+    >>> print(x.round(4))
+    [ 0.4808 -0.9615]
+    """
+    decay = hyper(0.9, **UNIT)
+    debias = option(True)
+    m = state(0.0)
+    scalars = ("bc",)
+    torch = "(none: torch.optim.swa_utils averages parameters, not updates)"
+    optax = "ema(decay, debias)"
+
+    @staticmethod
+    def prepare(t, decay):
+        return (one_minus_pow(decay, t),)
+
+    @staticmethod
+    def step(g, x, m, decay, debias, bc):
+        m = (1 - decay) * g + decay * m
+        if debias:
+            return m / bc, m
         return m, m

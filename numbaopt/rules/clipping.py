@@ -1,17 +1,39 @@
-"""Clipping and guards: elementwise clipping, per-array and global norm clipping (reductions), and the
-non-finite step guard."""
+"""Clipping and guards: elementwise clipping, per-array and global norm clipping and normalisation
+(reductions), the non-finite step guard, NaN zeroing and the non-negativity constraint."""
 from __future__ import annotations
 
 import math
+import numbers
 
 from .base import Rule, hyper, option
 from .chain import chain
 from .ops import abs2, clamp, absval, isfinite, INF
 
-__all__ = ["ClipGrad", "ClipNorm", "ClipGlobalNorm", "NonFiniteGuard", "SkipNonFinite"]
+__all__ = ["ClipGrad", "ClipNorm", "ClipGlobalNorm", "NonFiniteGuard", "SkipNonFinite", "NormalizeByUpdateNorm",
+           "ZeroNaNs", "KeepParamsNonNegative"]
 
 #: the infinity norm (``p=INF_P``)
 INF_P = float("inf")
+
+
+class _AnyOrder:
+    """The last "choice" of a norm order as docs/rules.md lists it: any other p > 0."""
+
+    def __repr__(self):
+        return "any p > 0"
+
+
+class _NormOrder(option):
+    """A compile-time norm order ``p``: any real p > 0, ``inf`` included (a float literal of the kernels)."""
+
+    def __init__(self, default, doc=""):
+        super().__init__(default, choices=(1.0, 2.0, INF_P, _AnyOrder()), doc=doc)
+
+    def check(self, owner: str, value):
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0  # NaN fails too
+        if not ok:
+            raise ValueError(f"{owner}: option {self.name}={value!r}; expected a norm order p > 0 (inf included)")
+        return float(value)
 
 
 class ClipGrad(Rule):
@@ -41,10 +63,12 @@ def _norm_ops(rule):
 
 
 class ClipNorm(Rule):
-    """Norm clipping: ``n = ||g||_p`` over the array (p = 1, 2 or inf), ``d = g * min(max_norm / n, 1)``.
+    """Norm clipping: ``n = ||g||_p`` over the array (any p > 0, inf included), ``d = g * min(max_norm / n, 1)``.
 
-    A non-finite ``n`` raises ValueError (nothing is written) unless ``error_if_nonfinite=False``, when
-    the step goes ahead with ``min(max_norm/n, 1)`` (NaN or 0, as torch and Optimisers.jl).
+    ``n`` is ``sqrt(sum |g|^2)`` for p = 2, ``sum |g|`` for p = 1, ``max |g|`` for p = inf and
+    ``(sum |g|^p)^(1/p)`` (summed in float64) for any other p. A non-finite ``n`` raises ValueError (nothing
+    is written) unless ``error_if_nonfinite=False``, when the step goes ahead with ``min(max_norm/n, 1)`` (NaN
+    or 0, as torch and Optimisers.jl).
 
     Pascanu, Mikolov and Bengio, "On the difficulty of training recurrent neural networks", 2013.
     https://arxiv.org/abs/1211.5063
@@ -54,9 +78,12 @@ class ClipNorm(Rule):
     >>> state, x = no.update_(state, x, np.array([3.0, 4.0]))   # norm 5: the step is g / 5
     >>> print(x.round(4))
     [-0.6 -0.8]
+    >>> state = no.setup(no.chain(no.ClipNorm(1.0, p=3), no.Descent(1.0)), np.zeros(2))
+    >>> print(no.update(state, np.zeros(2), np.array([3.0, 4.0]))[1].round(4))   # (3^3 + 4^3)^(1/3) = 4.498
+    [-0.667  -0.8893]
     """
     max_norm = hyper(10.0, low=0.0)
-    p = option(2.0, choices=(1.0, 2.0, INF_P), doc="the norm: 1, 2 or inf")
+    p = _NormOrder(2.0, doc="the norm: any p > 0 (1, 2 and inf have exact special cases)")
     error_if_nonfinite = option(True)
     reduce_ops = _norm_ops
     finals = ("scale", "error")
@@ -71,6 +98,8 @@ class ClipNorm(Rule):
             return abs2(g)
         if p == 1.0:
             return absval(g)
+        if p != INF:
+            return float(absval(g)) ** p
         if isfinite(g):  # a max would lose a NaN: report it as an infinite norm
             return absval(g) * 1.0
         return INF
@@ -79,6 +108,8 @@ class ClipNorm(Rule):
     def finish(total, max_norm, p, error_if_nonfinite):
         # the max over no elements is the identity -inf: the norm of an empty gradient is 0
         n = math.sqrt(total) if p == 2.0 else max(total, 0.0)
+        if p != 1.0 and p != 2.0 and p != INF:
+            n = n ** (1.0 / p)
         if not math.isfinite(n) and error_if_nonfinite:
             return 0.0, 1.0
         return (min(max_norm / n, 1.0) if n > 0.0 else 1.0), 0.0
@@ -157,3 +188,89 @@ def SkipNonFinite(rule):
     [ 0.9 -1.9] 1
     """
     return chain(NonFiniteGuard(), rule)
+
+
+class NormalizeByUpdateNorm(Rule):
+    """Normalisation by the global norm (optax's ``normalize_by_update_norm``): one norm
+    ``n = ||g||_2`` over every leaf of the tree (or over the array), then ``d = g / ((n + eps) / scale_factor)``,
+    i.e. ``scale_factor * g / (n + eps)``, everywhere. A non-finite norm (or a zero one with eps = 0) gives
+    a zero or NaN step, as optax's.
+
+    Hazan, Levy and Shalev-Shwartz, "Beyond Convexity: Stochastic Quasi-Convex Optimization", NeurIPS 2015
+    (normalized gradient descent). https://arxiv.org/abs/1507.02030
+    Examples
+    --------
+    >>> model = {"a": np.zeros(1), "b": np.zeros(1)}
+    >>> state = no.setup(no.chain(no.NormalizeByUpdateNorm(eps=0.0), no.Descent(0.5)), model)
+    >>> state, model = no.update_(state, model, {"a": np.array([3.0]), "b": np.array([4.0])})   # one norm: 5
+    >>> print(model["a"], model["b"])
+    [-0.3] [-0.4]
+    """
+    scale_factor = hyper(1.0, low=0.0)
+    eps = hyper(1e-6, low=0.0)
+    reduce_ops = ("sum",)
+    finals = ("gn",)
+    scope = "tree"
+    torch = "(none)"
+    optax = "normalize_by_update_norm(scale_factor, eps) in a chain (as a whole optimiser, its scale_factor=-s " \
+            "is NormalizeByUpdateNorm(s))"
+
+    @staticmethod
+    def reduce(g, x):
+        return abs2(g)
+
+    @staticmethod
+    def finish(total, scale_factor, eps):
+        return ((math.sqrt(total) + eps) / scale_factor,)
+
+    @staticmethod
+    def step(g, x, gn):
+        return g / gn
+
+
+class ZeroNaNs(Rule):
+    """NaN entries of the gradient replaced by zero (optax's ``zero_nans``): ``d = 0`` where ``g`` is NaN
+    (for complex ``g``, NaN in either part), else ``d = g``; infinities pass unchanged.
+
+    optax's transformation (DeepMind et al., "The DeepMind JAX Ecosystem", 2020).
+    https://optax.readthedocs.io/en/latest/api/transformations.html
+    Examples
+    --------
+    >>> x = np.array([1.0, -2.0]); state = no.setup(no.chain(no.ZeroNaNs(), no.Descent(0.1)), x)
+    >>> state, x = no.update_(state, x, np.array([np.nan, 1.0]))   # the NaN element does not move
+    >>> print(x.round(4))
+    [ 1.  -2.1]
+    """
+    torch = "torch.nan_to_num(grad, nan=0.0, posinf=inf, neginf=-inf)"
+    optax = "zero_nans() (its found_nan flags are not kept)"
+
+    @staticmethod
+    def step(g, x):
+        if g != g:  # NaN (either part of a complex number)
+            return 0.0
+        return g
+
+
+class KeepParamsNonNegative(Rule):
+    """Keep the parameters non-negative (optax's ``keep_params_nonnegative``): ``d = x`` where ``x - g < 0``,
+    else ``d = g``: the new parameter is ``max(x - g, 0)``, the projection of projected gradient descent onto
+    ``x >= 0`` (a negative parameter is moved to 0). Put it last in a chain: its ``g`` is the final step.
+
+    Gradient projection (Goldstein 1964, Levitin and Polyak 1966) as optax's transformation (DeepMind et al.,
+    "The DeepMind JAX Ecosystem", 2020). https://optax.readthedocs.io/en/latest/api/transformations.html
+    Examples
+    --------
+    >>> x = np.array([1.0, 0.05]); state = no.setup(no.chain(no.Descent(0.1), no.KeepParamsNonNegative()), x)
+    >>> state, x = no.update_(state, x, np.array([1.0, 1.0]))   # 0.05 - 0.1 < 0: stops at 0
+    >>> print(x.round(4))
+    [0.9 0. ]
+    """
+    supports_complex = False
+    torch = "(none: param.clamp_(min=0) after the step)"
+    optax = "keep_params_nonnegative() (last in the chain)"
+
+    @staticmethod
+    def step(g, x):
+        if x - g < 0:
+            return x
+        return g

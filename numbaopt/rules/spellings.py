@@ -152,6 +152,13 @@ def _decoupled(cls, value):
     return "torch's Adam(decoupled_weight_decay=True) is AdamW: write AdamW(weight_decay=...)"
 
 
+def _clip_value_fn(cls, value):
+    if "clip_exponent" not in cls._hypers:
+        return None
+    return (f"optax's clip_value_fn(count) is count**clip_exponent here (count = t - 1): write "
+            f"{cls.__name__}(clip_exponent=0.25) for optax's default; other functions have no equivalent")
+
+
 #: foreign keyword -> hint(rule class, value); ``{name}`` in a hint is the keyword as written
 FOREIGN = {
     "betas": _betas,
@@ -174,7 +181,8 @@ FOREIGN = {
     "differentiable": _implementation,
     "maximize": _maximize,
     "dampening": _dampening,
-    "mu_dtype": _mu_dtype,
+    "mu_dtype": _mu_dtype, "accumulator_dtype": _mu_dtype,
+    "clip_value_fn": _clip_value_fn,
     "initial_scale": _initial_scale,
     "momentum_decay": _momentum_decay,
     "every_k_schedule": _renamed("n", "optax"),
