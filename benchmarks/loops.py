@@ -167,30 +167,7 @@ def vqe_pennylane(max_steps=20000):
     from pennylane import numpy as pnp
     exact = vqe.exact_ground_energy(NQ)
     target = exact + RTOL * abs(exact)
-    coeffs, ops = [], []
-    for q in range(NQ - 1):
-        coeffs.append(-1.0)
-        ops.append(qml.PauliZ(q) @ qml.PauliZ(q + 1))
-    for q in range(NQ):
-        coeffs.append(-1.0)
-        ops.append(qml.PauliX(q))
-    H = qml.Hamiltonian(coeffs, ops)
-    dev = qml.device("default.qubit", wires=NQ)
-
-    @qml.qnode(dev, diff_method="adjoint")
-    def circuit(theta):
-        k = 0
-        for layer in range(LAYERS + 1):
-            for q in range(NQ):
-                qml.RY(theta[k], wires=q)
-                k += 1
-            for q in range(NQ):
-                qml.RZ(theta[k], wires=q)
-                k += 1
-            if layer < LAYERS:
-                for q in range(NQ - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(H)
+    circuit = vqe.pennylane_tfim(NQ, LAYERS, "default.qubit", diff_method="adjoint")
 
     opt = qml.AdamOptimizer(stepsize=LR, beta1=BETA1, beta2=BETA2, eps=EPS)  # as no.Adam(LR)
     theta = pnp.array(vqe.initial_angles(NQ, LAYERS, 0), requires_grad=True)

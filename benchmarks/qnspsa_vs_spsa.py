@@ -13,21 +13,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import vqe  # noqa: E402
-from numba import njit  # noqa: E402
 
 import numbaopt as no  # noqa: E402
 from numbaopt.quantum.qnspsa import minimize_qnspsa  # noqa: E402
 
 
-@njit(cache=True, error_model="numpy")
-def fidelity(x1, x2, nq, layers, J, h):
-    """|<psi(x1)|psi(x2)>|^2 of the VQE ansatz (two state preparations)."""
-    a = vqe._prepare(x1, nq, layers)
-    b = vqe._prepare(x2, nq, layers)
-    s = 0j
-    for i in range(a.shape[0]):
-        s += a[i].conjugate() * b[i]
-    return s.real * s.real + s.imag * s.imag
+fidelity = vqe.fidelity
 
 
 def main():

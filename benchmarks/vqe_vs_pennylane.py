@@ -24,6 +24,16 @@ Rows (each with the same optimiser and settings on both sides; a row whose numba
   differs by 7e-3 in angles whose gradient is ~1e-7 (``step ~ g / (|g| + eps')``).
 * QNG: ``numbaopt.quantum.minimize_qng(energy_grad, vqe.metric_tensor_block_diag, x0, lr, lam)`` against
   ``qml.QNGOptimizer(lr, approx="block-diag", lam)`` (Stokes et al., Quantum 4, 269 (2020)).
+* QNG on the full metric (``qng-full``): ``minimize_qng(energy_grad, vqe.metric_tensor, x0, lam)`` with the
+  learning rate decaying exponentially from ``--qngf-lr`` to ``--qngf-lr-end`` over ``--qngf-decay-steps`` (a
+  numbaopt ``exponential`` schedule inside the compiled loop) against ``qml.QNGOptimizer(approx=None, lam)`` whose
+  ``stepsize`` is set to the same schedule's value before every step. This is the configuration that reaches 1e-3
+  at 12 qubits (docs/quantum.md). PennyLane's full metric is the costly part: its candidates are Hadamard tests
+  (``qml.metric_tensor(approx=None)``, one spare wire) on ``lightning.qubit`` or ``default.qubit`` and
+  ``qml.adjoint_metric_tensor`` on ``default.qubit``; one metric of each is timed at ``--probe-qubits`` qubits
+  (at 12 qubits the slowest costs minutes) and the fastest kept. Where PennyLane's run stops at the budget, its
+  time to the target is also *projected*: its median seconds per step times the steps numbaopt took, valid
+  because both sides take the same iterates (checked for ``--check-steps-full`` steps and asserted < 1e-8).
 * Rotosolve: ``numbaopt.quantum.rotosolve(vqe.energy, x0)`` against ``qml.RotosolveOptimizer()`` with one
   frequency per angle (Ostaszewski et al., Quantum 5, 391 (2021)); an iteration is a sweep over all angles.
 
@@ -74,6 +84,9 @@ import numbaopt.quantum as noq  # noqa: E402
 J, H_FIELD = 1.0, 1.0
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 PL_CONFIGS = (("lightning.qubit", "adjoint"), ("default.qubit", "adjoint"))
+#: the full metric's candidates: (device, how the metric is computed); the gradient is the device's adjoint one
+PL_FULL_METRIC_CONFIGS = (("lightning.qubit", "hadamard"), ("default.qubit", "hadamard"),
+                          ("default.qubit", "adjoint_metric_tensor"))
 TRACE_POINTS = 400
 
 
@@ -117,32 +130,13 @@ def make_problem(nq, layers, target):
 
 
 # -- PennyLane side --------------------------------------------------------------------------------
-def tfim_qnode(p: Problem, device: str, diff_method: str):
-    """The ansatz of examples/vqe.py as a QNode (wire order is irrelevant to the energy: one-to-one labels)."""
-    import pennylane as qml
-    nq, layers = p.nq, p.layers
-    ops = [qml.PauliZ(q) @ qml.PauliZ(q + 1) for q in range(nq - 1)] + [qml.PauliX(q) for q in range(nq)]
-    ham = qml.Hamiltonian([-J] * (nq - 1) + [-H_FIELD] * nq, ops)
-
-    @qml.qnode(qml.device(device, wires=nq), diff_method=diff_method)
-    def circuit(theta):
-        k = 0
-        for layer in range(layers + 1):
-            for q in range(nq):
-                qml.RY(theta[k], wires=q)
-                k += 1
-            for q in range(nq):
-                qml.RZ(theta[k], wires=q)
-                k += 1
-            if layer < layers:
-                for q in range(nq - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(ham)
-    return circuit
+def tfim_qnode(p: Problem, device: str, diff_method: str | None, wires: int | None = None):
+    """The ansatz of examples/vqe.py as a QNode (``vqe.pennylane_tfim``)."""
+    return vqe.pennylane_tfim(p.nq, p.layers, device, diff_method, J, H_FIELD, wires=wires)
 
 
-def check_agreement(p: Problem, circuit, metric_fn):
-    """Energies and gradients (and block-diagonal metrics) of both sides at x0, to 1e-12."""
+def check_agreement(p: Problem, circuit, metric_fn, full=False):
+    """Energies and gradients (and block-diagonal or ``full`` metrics) of both sides at x0, to 1e-12."""
     import pennylane as qml
     from pennylane import numpy as pnp
     th = pnp.array(p.x0, requires_grad=True)
@@ -153,9 +147,9 @@ def check_agreement(p: Problem, circuit, metric_fn):
     out = {"energy": de, "gradient": dg}
     if metric_fn is not None:
         G = np.empty((p.x0.size, p.x0.size))
-        vqe.metric_tensor_block_diag(p.x0, G, p.nq, p.layers)
+        (vqe.metric_tensor if full else vqe.metric_tensor_block_diag)(p.x0, G, p.nq, p.layers)
         dG = float(np.max(np.abs(np.asarray(metric_fn(th)) - G)))
-        assert dG <= 1e-12, f"block-diagonal metric tensors disagree: {dG:.2e}"
+        assert dG <= 1e-12, f"{'full' if full else 'block-diagonal'} metric tensors disagree: {dG:.2e}"
         out["metric"] = dG
     return out
 
@@ -166,17 +160,29 @@ def pl_optimizer(row, a):
         return qml.AdamOptimizer(stepsize=a.adam_lr, beta1=BETA1, beta2=BETA2, eps=EPS)
     if row == "qng":
         return qml.QNGOptimizer(stepsize=a.qng_lr, approx="block-diag", lam=a.qng_lam)
+    if row == "qng-full":  # pl_run sets the stepsize of every step from the schedule
+        return qml.QNGOptimizer(stepsize=qngf_schedule(a)(1), approx=None, lam=a.qngf_lam)
     return qml.RotosolveOptimizer()
 
 
-def pl_metric_fn(row, p, device):
-    """QNG's block-diagonal metric: PennyLane computes it from tapes that measure probabilities, which the adjoint
-    method cannot differentiate, so it comes from a twin QNode with no gradient method (it is never
-    differentiated); the gradient still comes from the adjoint QNode. None for the other rows."""
-    if row != "qng":
-        return None
+def qngf_schedule(a):
+    """The full-metric QNG's learning rate: ``lr * (lr_end / lr) ** ((t - 1) / decay_steps)`` at step t."""
+    return no.schedules.exponential(a.qngf_lr, a.qngf_lr_end / a.qngf_lr, every=a.qngf_decay_steps)
+
+
+def pl_metric_fn(row, p, device, method="hadamard"):
+    """QNG's metric: PennyLane computes it from tapes of its own (probabilities, Hadamard tests), which the
+    adjoint method cannot differentiate, so it comes from a twin QNode with no gradient method (it is never
+    differentiated); the gradient still comes from the adjoint QNode. The full metric (``qng-full``): Hadamard
+    tests on one spare wire, or ``method="adjoint_metric_tensor"``. None for the other rows."""
     import pennylane as qml
-    return qml.metric_tensor(tfim_qnode(p, device, None), approx="block-diag")
+    if row == "qng":
+        return qml.metric_tensor(tfim_qnode(p, device, None), approx="block-diag")
+    if row != "qng-full":
+        return None
+    if method == "adjoint_metric_tensor":
+        return qml.adjoint_metric_tensor(tfim_qnode(p, device, None))
+    return qml.metric_tensor(tfim_qnode(p, device, None, wires=p.nq + 1), approx=None, aux_wire=p.nq)
 
 
 def pl_run(row, p: Problem, circuit, a, budget, max_steps, metric_fn=None):
@@ -191,9 +197,12 @@ def pl_run(row, p: Problem, circuit, a, budget, max_steps, metric_fn=None):
             return circuit(theta)
         freqs = {"theta": {(i,): 1 for i in range(p.x0.size)}}
     kw = {} if metric_fn is None else {"metric_tensor_fn": metric_fn}
+    lr = qngf_schedule(a) if row == "qng-full" else None
     ts, es = [], []
     t0 = time.perf_counter()
     for k in range(max_steps):
+        if lr is not None:
+            opt.stepsize = lr(k + 1)  # step k + 1 of the schedule, as numbaopt's loop
         if row == "rotosolve":  # the energy after the sweep is the last substep's minimum
             theta, _, subs = opt.step_and_cost(cost, theta, nums_frequency=freqs, full_output=True)
             e = float(subs[-1])
@@ -213,6 +222,8 @@ def pl_run(row, p: Problem, circuit, a, budget, max_steps, metric_fn=None):
 def pick_pl_config(row, p, a):
     """The faster of PL_CONFIGS for this row (one warm-up step, then the median of three timed ones)."""
     from pennylane import numpy as pnp
+    if row == "qng-full":
+        return pick_pl_full_metric(p, a)
     configs = [tuple(a.pl_device.split(":"))] if a.pl_device else PL_CONFIGS
     best = None
     for dev, diff in configs:
@@ -240,6 +251,29 @@ def pick_pl_config(row, p, a):
     return best[1:]
 
 
+def pick_pl_full_metric(p, a):
+    """The fastest of PL_FULL_METRIC_CONFIGS: one metric evaluation each (after a warm-up one) at
+    ``min(nq, --probe-qubits)`` qubits, since the slowest costs minutes at 12 qubits; then that configuration
+    at ``nq`` (gradients by the same device's adjoint method)."""
+    from pennylane import numpy as pnp
+    configs = [tuple(a.pl_device.split(":"))] if a.pl_device else PL_FULL_METRIC_CONFIGS
+    small = make_problem(min(p.nq, a.probe_qubits), p.layers, a.target)
+    th = pnp.array(small.x0, requires_grad=True)
+    best = None
+    for dev, method in configs:
+        fn = pl_metric_fn("qng-full", small, dev, method)
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn(th)
+            times.append(time.perf_counter() - t0)
+        print(f"#   full metric on PennyLane, {small.nq} qubits: {dev} {method} {times[-1]:.3f} s", flush=True)
+        if best is None or times[-1] < best[0]:
+            best = (times[-1], dev, method)
+    _, dev, method = best
+    return f"{dev}:adjoint, metric {method}", tfim_qnode(p, dev, "adjoint"), pl_metric_fn("qng-full", p, dev, method)
+
+
 # -- numbaopt side ---------------------------------------------------------------------------------
 def accepts(fn, name):
     return name in inspect.signature(fn).parameters
@@ -249,7 +283,7 @@ def available(row):
     """None when the row can run, else why not."""
     if row == "adam":
         return None
-    name = {"qng": "minimize_qng", "rotosolve": "rotosolve"}[row]
+    name = {"qng": "minimize_qng", "qng-full": "minimize_qng", "rotosolve": "rotosolve"}[row]
     if noq is None or not hasattr(noq, name):
         return f"numbaopt.quantum.{name} not available"
     if row == "qng" and not hasattr(vqe, "metric_tensor_block_diag"):
@@ -263,11 +297,11 @@ def no_run(row, p: Problem, a, budget, maxiter):
     trace = []
     if row == "rotosolve":
         fn = noq.rotosolve
-    elif row == "qng":
+    elif row in ("qng", "qng-full"):
         fn = noq.minimize_qng
     else:
         fn = no.minimize
-    has_target = accepts(fn, "f_target") or (row == "qng" and accepts(no.minimize, "f_target"))
+    has_target = accepts(fn, "f_target") or (row.startswith("qng") and accepts(no.minimize, "f_target"))
 
     def callback(res):
         if row == "rotosolve":
@@ -289,6 +323,11 @@ def no_run(row, p: Problem, a, budget, maxiter):
         deadline[0] = t0 + budget
         res = fn(vqe.energy_grad, vqe.metric_tensor_block_diag, p.x0, lr=a.qng_lr, lam=a.qng_lam, args=p.args,
                  gtol=None, **extra, **opts)
+    elif row == "qng-full":
+        t0 = time.perf_counter()
+        deadline[0] = t0 + budget
+        res = fn(vqe.energy_grad, vqe.metric_tensor, p.x0, lr=a.qngf_lr, lam=a.qngf_lam, args=p.args,
+                 metric_args=(p.nq, p.layers), gtol=None, schedule=qngf_schedule(a), **opts)
     else:
         rule = no.quantum.PennyLaneAdam(a.adam_lr, beta1=BETA1, beta2=BETA2, eps=EPS)
         t0 = time.perf_counter()
@@ -330,11 +369,11 @@ def bench_row(row, p, a):
     if why is not None:
         return {"row": row, "qubits": p.nq, "available": False, "why": why}
     config, circuit, metric_fn = pick_pl_config(row, p, a)
-    agree = check_agreement(p, circuit, metric_fn)
-    steps = 1 if row == "rotosolve" else a.check_steps
+    agree = check_agreement(p, circuit, metric_fn, full=row == "qng-full")
+    steps = {"rotosolve": 1, "qng-full": a.check_steps_full}.get(row, a.check_steps)
     dtheta = trajectory_check(row, p, a, circuit, metric_fn, steps)
-    if row == "adam":
-        assert dtheta < 1e-8, f"Adam iterates differ by {dtheta:.2e} after {steps} steps"
+    if row in ("adam", "qng-full"):
+        assert dtheta < 1e-8, f"{row} iterates differ by {dtheta:.2e} after {steps} steps"
     no_warm_up(row, p, a)
     runs = {"numbaopt": [], "pennylane": []}
     for _ in range(a.repeat):  # interleaved: the machine's drift hits both sides alike
@@ -350,6 +389,12 @@ def bench_row(row, p, a):
         first["reached"] = all(r.reached for r in rs)
         out[side] = first
     out["ratio"] = out["pennylane"]["seconds"] / out["numbaopt"]["seconds"]
+    if row in ("adam", "qng-full") and out["numbaopt"]["reached"] and not out["pennylane"]["reached"]:
+        # the same iterates (asserted above): PennyLane would reach the target after numbaopt's steps
+        per_step = statistics.median(r.seconds / (r.iterations + 1) for r in runs["pennylane"])
+        out["pennylane"]["seconds_per_step"] = per_step
+        out["pennylane"]["projected_seconds"] = per_step * (out["numbaopt"]["iterations"] + 1)
+        out["projected_ratio"] = out["pennylane"]["projected_seconds"] / out["numbaopt"]["seconds"]
     # a side stopped by the budget took at least its seconds: the ratio is then a bound, or nothing
     out["ratio_is"] = {(True, True): "exact", (True, False): "lower bound", (False, True): "upper bound",
                        (False, False): "none"}[(out["numbaopt"]["reached"], out["pennylane"]["reached"])]
@@ -357,6 +402,7 @@ def bench_row(row, p, a):
 
 
 ROW_LABEL = {"adam": "Adam(lr={adam_lr})", "qng": "QNG(lr={qng_lr}, lam={qng_lam}, block-diag)",
+             "qng-full": "QNG(lr={qngf_lr}->{qngf_lr_end} over {qngf_decay_steps}, lam={qngf_lam}, full)",
              "rotosolve": "Rotosolve (sweeps)"}
 
 
@@ -373,6 +419,9 @@ def markdown(results, a):
             name = "numbaopt" if side == "numbaopt" else f"PennyLane {r['pennylane_config']}"
             prefix = {"exact": "", "lower bound": "> ", "upper bound": "< ", "none": "(neither) "}[r["ratio_is"]]
             ratio = f"{prefix}{r['ratio']:.1f}x" if side == "pennylane" else ""
+            if side == "pennylane" and "projected_seconds" in s:
+                ratio += (f"; projected {s['projected_seconds']:.0f} s ({s['seconds_per_step']:.1f} s/step x "
+                          f"{r['numbaopt']['iterations'] + 1} steps), {r['projected_ratio']:.0f}x")
             ev = "-" if s["evaluations"] is None else s["evaluations"]
             lines.append(f"| {r['qubits']} | {label} | {name} | {s['iterations']} | {ev} | {s['seconds']:.3f} | "
                          f"{s['final_error']:.2e} | {'yes' if s['reached'] else 'no'} | {ratio} |")
@@ -384,7 +433,7 @@ def plot(results, a, path):
     qubits = sorted({r["qubits"] for r in results})
     fig = Figure(figsize=(4.2 * len(qubits), 3.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(qubits), squeeze=False)[0])
-    colours = {"adam": "C0", "qng": "C1", "rotosolve": "C2"}
+    colours = {"adam": "C0", "qng": "C1", "rotosolve": "C2", "qng-full": "C3"}
     for ax, nq in zip(axes, qubits):
         for r in results:
             if r["qubits"] != nq or not r["available"]:
@@ -415,12 +464,23 @@ def main(argv=None):
     ap.add_argument("--maxiter", type=int, default=100_000,
                     help="iterations (sweeps) at most, both sides; numbaopt allocates its history (and Adam's eps "
                          "table) for maxiter: 1e5 costs it about 1 ms per run, 1e6 about 60 ms")
-    ap.add_argument("--rows", nargs="+", default=["adam", "qng", "rotosolve"], choices=["adam", "qng", "rotosolve"])
+    ap.add_argument("--rows", nargs="+", default=["adam", "qng", "rotosolve"],
+                    choices=["adam", "qng", "qng-full", "rotosolve"])
     ap.add_argument("--adam-lr", type=float, default=0.05)
     ap.add_argument("--qng-lr", type=float, default=0.05)
     ap.add_argument("--qng-lam", type=float, default=0.01)
+    ap.add_argument("--qngf-lr", type=float, default=0.15)
+    ap.add_argument("--qngf-lr-end", type=float, default=0.05)
+    ap.add_argument("--qngf-decay-steps", type=int, default=2500)
+    ap.add_argument("--qngf-lam", type=float, default=0.01)
     ap.add_argument("--check-steps", type=int, default=10, help="steps of both sides compared before timing")
-    ap.add_argument("--pl-device", default=None, help="force device:diff_method, e.g. lightning.qubit:adjoint")
+    ap.add_argument("--check-steps-full", type=int, default=2, help="the same for the qng-full row (costly on "
+                    "PennyLane's side)")
+    ap.add_argument("--probe-qubits", type=int, default=6, help="qubits at which the full metric's PennyLane "
+                    "candidates are timed")
+    ap.add_argument("--pl-device", default=None,
+                    help="force device:diff_method, e.g. lightning.qubit:adjoint (for qng-full: device:metric, "
+                         "e.g. lightning.qubit:hadamard)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)

@@ -38,35 +38,6 @@ import vqe  # noqa: E402  (the compiled simulator of the same circuit: an indepe
 TOL_SAME_FORMULA = 1e-10
 
 
-def tfim_hamiltonian(nq: int, J: float = 1.0, h: float = 1.0):
-    coeffs = [-J] * (nq - 1) + [-h] * nq
-    ops = [qml.PauliZ(q) @ qml.PauliZ(q + 1) for q in range(nq - 1)] + [qml.PauliX(q) for q in range(nq)]
-    return qml.dot(coeffs, ops)
-
-
-def make_circuit(nq: int, layers: int, device: str, J: float = 1.0, h: float = 1.0):
-    """The QNode ``energy(theta) = <psi(theta)|H|psi(theta)>`` (adjoint differentiation)."""
-    H = tfim_hamiltonian(nq, J, h)
-    dev = qml.device(device, wires=nq)
-
-    @qml.qnode(dev, diff_method="adjoint")
-    def energy(theta):
-        k = 0
-        for layer in range(layers + 1):
-            for q in range(nq):
-                qml.RY(theta[k], wires=q)
-                k += 1
-            for q in range(nq):
-                qml.RZ(theta[k], wires=q)
-                k += 1
-            if layer < layers:
-                for q in range(nq - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(H)
-
-    return energy
-
-
 def pennylane_reference(circuit, theta0, steps, lr):
     """PennyLane's own optimiser: the iterates after every step, the losses before each, the seconds of
     each step and of each update alone."""
@@ -130,7 +101,7 @@ def main(argv=None) -> int:
         except Exception:  # pennylane-lightning not installed
             device = "default.qubit"
     nq, layers, steps, lr = a.qubits, a.layers, a.steps, a.lr
-    circuit = make_circuit(nq, layers, device)
+    circuit = vqe.pennylane_tfim(nq, layers, device, diff_method="adjoint")  # the QNode: E(theta) = <psi|H|psi>
     theta0 = vqe.initial_angles(nq, layers)
     exact = vqe.exact_ground_energy(nq)
     e_pl, e_sim = float(circuit(pnp.array(theta0))), vqe.energy(theta0, nq, layers, 1.0, 1.0)

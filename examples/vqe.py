@@ -349,6 +349,48 @@ def parameter_shift_grad(theta, nq, layers, J=1.0, h=1.0):
     return g
 
 
+@njit(**_NJ)
+def fidelity(x1, x2, nq, layers, J, h):
+    """``|<psi(x1)|psi(x2)>|^2`` of the ansatz (two state preparations): the overlap QN-SPSA's metric estimate
+    needs. ``J`` and ``h`` are unused; they make the signature ``energy``'s, so the two share ``args``."""
+    a = _prepare(x1, nq, layers)
+    b = _prepare(x2, nq, layers)
+    s = 0j
+    for i in range(a.shape[0]):
+        s += a[i].conjugate() * b[i]
+    return s.real * s.real + s.imag * s.imag
+
+
+def pennylane_tfim(nq, layers, device="default.qubit", diff_method="best", J=1.0, h=1.0, wires=None, index=None):
+    """The same ansatz and Hamiltonian as a PennyLane QNode ``circuit(phi) -> <H>``, gate for gate (wire q is
+    the simulator's qubit q), for the comparisons with PennyLane's optimisers (PennyLane, an optional extra,
+    is imported here). ``wires``: the device's wire count (default ``nq``; ``nq + 1`` leaves the spare wire that
+    ``qml.metric_tensor(approx=None)``'s Hadamard tests use); ``index``: the circuit reads ``theta = phi[index]``
+    (``None``: ``phi`` itself); ``diff_method=None`` gives a QNode that is never differentiated."""
+    import pennylane as qml
+
+    ham = qml.Hamiltonian([-J] * (nq - 1) + [-h] * nq,
+                          [qml.Z(q) @ qml.Z(q + 1) for q in range(nq - 1)] + [qml.X(q) for q in range(nq)])
+
+    @qml.qnode(qml.device(device, wires=nq if wires is None else wires), diff_method=diff_method)
+    def circuit(phi):
+        theta = phi if index is None else phi[index]
+        k = 0
+        for layer in range(layers + 1):
+            for q in range(nq):
+                qml.RY(theta[k], wires=q)
+                k += 1
+            for q in range(nq):
+                qml.RZ(theta[k], wires=q)
+                k += 1
+            if layer < layers:
+                for q in range(nq - 1):
+                    qml.CNOT(wires=[q, q + 1])
+        return qml.expval(ham)
+
+    return circuit
+
+
 def tfim_matrix(nq, J=1.0, h=1.0):
     """The dense Hamiltonian (same bit order as the simulator), for the exact reference."""
     Z = np.diag([1.0, -1.0])

@@ -43,3 +43,23 @@ def test_vqe_vs_pennylane_smallest(tmp_path):
         assert 0 < ours["final_error"] <= 0.05 and r["ratio"] > 0 and r["ratio_is"] == "exact"
         assert len(ours["trace"]) >= 2 and len(theirs["trace"]) >= 1
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vqe_vs_pennylane_full_metric_row_projects_pennylanes_time(tmp_path):
+    """The qng-full row (the configuration that reaches 1e-3 at 12 qubits): the full metrics agree at x0, both
+    sides take the same iterates, and where PennyLane's run stops at the budget its time to the target is
+    projected from its seconds per step and numbaopt's step count."""
+    pytest.importorskip("pennylane", reason="the benchmark compares with PennyLane")
+    out_json = tmp_path / "bench.json"
+    cmd = [sys.executable, SCRIPT, "--qubits", "4", "--layers", "2", "--rows", "qng-full", "--target", "1e-3",
+           "--budget", "0.3", "--repeat", "1", "--probe-qubits", "3", "--json", str(out_json)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "full metric on PennyLane, 3 qubits: lightning.qubit hadamard" in proc.stdout
+    (r,) = json.loads(out_json.read_text())["results"]
+    assert r["row"] == "qng-full" and r["pennylane_config"].endswith("hadamard")
+    assert r["agreement_at_x0"]["metric"] <= 1e-12 and r["max_dtheta_after_check"] < 1e-8
+    ours, theirs = r["numbaopt"], r["pennylane"]
+    assert ours["reached"] and not theirs["reached"] and r["ratio_is"] == "lower bound"
+    assert theirs["projected_seconds"] == pytest.approx(theirs["seconds_per_step"] * (ours["iterations"] + 1))
+    assert f"projected {theirs['projected_seconds']:.0f} s" in proc.stdout

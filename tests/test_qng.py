@@ -100,26 +100,8 @@ def test_block_diag_is_the_full_metric_on_its_blocks():
 
 
 def _pennylane_circuit(qml, J=1.0, h=1.0):
-    dev = qml.device("default.qubit", wires=NQ + 1)  # one spare wire: qml.metric_tensor's Hadamard tests
-    H = qml.Hamiltonian([-J] * (NQ - 1) + [-h] * NQ,
-                        [qml.Z(q) @ qml.Z(q + 1) for q in range(NQ - 1)] + [qml.X(q) for q in range(NQ)])
-
-    @qml.qnode(dev)
-    def circuit(t):  # the example's ansatz, gate for gate (wire q is the simulator's qubit q)
-        k = 0
-        for layer in range(LAYERS + 1):
-            for q in range(NQ):
-                qml.RY(t[k], wires=q)
-                k += 1
-            for q in range(NQ):
-                qml.RZ(t[k], wires=q)
-                k += 1
-            if layer < LAYERS:
-                for q in range(NQ - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(H)
-
-    return circuit
+    # one spare wire: qml.metric_tensor's Hadamard tests
+    return vqe.pennylane_tfim(NQ, LAYERS, "default.qubit", J=J, h=h, wires=NQ + 1)
 
 
 def test_metric_tensors_match_pennylane():

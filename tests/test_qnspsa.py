@@ -18,15 +18,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))  # Numba's cache re-imports t
 import vqe  # noqa: E402
 
 
-@njit(cache=True, error_model="numpy")
-def fidelity(x1, x2, nq, layers, J, h):
-    """|<psi(x1)|psi(x2)>|^2 for the VQE ansatz."""
-    a = vqe._prepare(x1, nq, layers)
-    b = vqe._prepare(x2, nq, layers)
-    s = 0j
-    for i in range(a.shape[0]):
-        s += a[i].conjugate() * b[i]
-    return s.real * s.real + s.imag * s.imag
+fidelity = vqe.fidelity
 
 
 NQ, LAYERS = 3, 1
@@ -36,25 +28,7 @@ X0 = vqe.initial_angles(NQ, LAYERS, seed=1, scale=0.5)
 
 def _pennylane_iterates(qml, pnp, lr, steps, seed, blocking, resamplings):
     """PennyLane's QNSPSA on the same TFIM ansatz (wire q = the simulator's qubit q) and its metric."""
-    dev = qml.device("default.qubit", wires=NQ)
-    H = qml.Hamiltonian([-1.0] * (2 * NQ - 1), [qml.Z(q) @ qml.Z(q + 1) for q in range(NQ - 1)] +
-                        [qml.X(q) for q in range(NQ)])
-
-    @qml.qnode(dev)
-    def cost(t):
-        k = 0
-        for layer in range(LAYERS + 1):
-            for q in range(NQ):
-                qml.RY(t[k], wires=q)
-                k += 1
-            for q in range(NQ):
-                qml.RZ(t[k], wires=q)
-                k += 1
-            if layer < LAYERS:
-                for q in range(NQ - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(H)
-
+    cost = vqe.pennylane_tfim(NQ, LAYERS, "default.qubit")
     assert abs(float(cost(pnp.array(X0))) - vqe.energy(X0, *ARGS)) < 1e-13  # the same circuit
     opt = qml.QNSPSAOptimizer(stepsize=lr, seed=seed, blocking=blocking, resamplings=resamplings)
     p = pnp.array(X0, requires_grad=True)

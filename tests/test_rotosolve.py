@@ -41,27 +41,7 @@ def nan_beyond(x, limit):
 def pennylane_circuit(nq, layers, idx=None):
     """examples/vqe.py's ansatz and TFIM Hamiltonian as a QNode on default.qubit (angles ``phi[idx]``)."""
     qml = pytest.importorskip("pennylane", reason="the reference optimiser is PennyLane's RotosolveOptimizer")
-    dev = qml.device("default.qubit", wires=nq)
-    ham = qml.Hamiltonian([-J] * (nq - 1) + [-H_FIELD] * nq,
-                          [qml.Z(q) @ qml.Z(q + 1) for q in range(nq - 1)] + [qml.X(q) for q in range(nq)])
-
-    @qml.qnode(dev)
-    def circuit(phi):
-        theta = phi if idx is None else phi[idx]
-        k = 0
-        for layer in range(layers + 1):
-            for q in range(nq):
-                qml.RY(theta[k], wires=q)
-                k += 1
-            for q in range(nq):
-                qml.RZ(theta[k], wires=q)
-                k += 1
-            if layer < layers:
-                for q in range(nq - 1):
-                    qml.CNOT(wires=[q, q + 1])
-        return qml.expval(ham)
-
-    return qml, circuit
+    return qml, vqe.pennylane_tfim(nq, layers, "default.qubit", J=J, h=H_FIELD, index=idx)
 
 
 def pennylane_sweeps(qml, circuit, x0, nums, sweeps, **opt_kwargs):

@@ -4,8 +4,25 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba import njit
 
-__all__ = ["SPSA"]
+__all__ = ["SPSA", "rademacher"]
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def rademacher(rng, r, out):
+    """Fill ``out`` with independent +-1 from the splitmix64 stream whose state is ``rng[r]`` (advanced past the
+    draws): a tiny seedable generator whose whole state is one uint64, so chunked and interpreted loops draw
+    exactly the same perturbations. The compiled loops' SPSA (a stream per row) and QN-SPSA draw from it."""
+    s = rng[r]
+    for i in range(out.shape[0]):
+        s = s + np.uint64(0x9E3779B97F4A7C15)
+        z = s
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        out[i] = 1.0 if (z >> np.uint64(63)) == np.uint64(0) else -1.0
+    rng[r] = s
 
 
 class SPSA:

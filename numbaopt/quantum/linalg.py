@@ -9,7 +9,8 @@ the natural gradient needs are written here, for the small dense symmetric matri
   entry (a pivot of a positive semidefinite matrix without full rank comes out at rounding level, or
   negative);
 * otherwise the pseudo-inverse of the symmetric matrix by the cyclic Jacobi eigenvalue method
-  (Golub & Van Loan, *Matrix Computations*, 4th ed., section 8.5): ``A = V diag(w) V^T``, eigenvalues with
+  (Golub & Van Loan, *Matrix Computations*, 4th ed., section 8.5; :func:`jacobi_eigh`, which QN-SPSA also uses,
+  warm-started from its last eigenbasis): ``A = V diag(w) V^T``, eigenvalues with
   ``|w_i| <= PINV_RCOND * max |w|`` dropped. That is what PennyLane's ``QNGOptimizer`` does on every step
   (``pennylane/optimize/qng.py``, ``apply_grad``: ``pinv(G + lam*I) @ g`` with NumPy's default
   ``rcond=1e-15``; the singular values of a symmetric matrix are the ``|w_i|``), so a singular metric
@@ -26,7 +27,7 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["natural_gradient", "workspace", "PIVOT_RTOL", "PINV_RCOND", "CHOLESKY", "PINV", "NONFINITE"]
+__all__ = ["natural_gradient", "jacobi_eigh", "workspace", "PIVOT_RTOL", "PINV_RCOND", "CHOLESKY", "PINV", "NONFINITE"]
 
 _NJ = dict(cache=True, error_model="numpy")
 
@@ -102,56 +103,70 @@ def _cholesky_solve(L, b):
 
 
 @njit(**_NJ)
-def _rotate(M, p, q, c, s, rows):
-    """Columns (``rows=False``) or rows (``rows=True``) p, q of ``M`` times the rotation ``[[c, s], [-s, c]]``."""
-    n = M.shape[0]
-    for k in range(n):
-        if rows:
-            a, b = M[p, k], M[q, k]
-            M[p, k] = c * a - s * b
-            M[q, k] = s * a + c * b
-        else:
-            a, b = M[k, p], M[k, q]
-            M[k, p] = c * a - s * b
-            M[k, q] = s * a + c * b
+def _rotate(A, i, j, k, l, s, tau):
+    """Rotate the pair ``(A[i, j], A[k, l])`` by the Jacobi rotation ``(s, tau = s / (1 + c))``."""
+    a, b = A[i, j], A[k, l]
+    A[i, j] = a - s * (b + tau * a)
+    A[k, l] = b + s * (a - tau * b)
 
 
 @njit(**_NJ)
-def _jacobi_eigh(A, V):
-    """Diagonalise the symmetric ``A`` in place by cyclic Jacobi rotations: afterwards ``diag(A)`` holds the
-    eigenvalues and the columns of ``V`` the eigenvectors (original ``A = V diag(w) V^T``)."""
+def jacobi_eigh(A, W, max_sweeps):
+    """Diagonalise the symmetric ``A`` (upper triangle read; the lower one is scratch) in place by cyclic
+    Jacobi rotations, applied to the rows of ``W`` too: ``diag(A) -> Lambda``, ``W -> Q^T W`` for ``A = Q
+    Lambda Q^T``. Returns the sweeps taken (``max_sweeps + 1``: not converged). Numerical Recipes' rotations
+    (Press et al., 11.1) and threshold in the first 3 sweeps; an element below ``eps ||A||_F`` (the rounding
+    of a rotation; eigenvalues to ``~eps ||A||``, as LAPACK's) or too small to change its diagonal elements is
+    set to 0 (NR's test alone chases rounding next to near-zero eigenvalues: twice the sweeps on a VQE metric).
+    """
     n = A.shape[0]
-    for i in range(n):
-        for j in range(n):
-            V[i, j] = 1.0 if i == j else 0.0
-    for sweep in range(_MAX_SWEEPS):
+    fro = 0.0
+    for p in range(n):
+        fro += A[p, p] * A[p, p]
+        for q in range(p + 1, n):
+            fro += 2.0 * A[p, q] * A[p, q]
+    tiny = 2.220446049250313e-16 * math.sqrt(fro)
+    for sweep in range(max_sweeps):
         off = 0.0
         for p in range(n - 1):
             for q in range(p + 1, n):
-                off += A[p, q] * A[p, q]
+                off += abs(A[p, q])
         if off == 0.0:
-            return
+            return sweep
+        thresh = 0.2 * off / (n * n) if sweep < 3 else 0.0
         for p in range(n - 1):
             for q in range(p + 1, n):
                 apq = A[p, q]
-                if apq == 0.0:
-                    continue
-                app, aqq = A[p, p], A[q, q]
                 g = 100.0 * abs(apq)
-                if sweep > 3 and abs(app) + g == abs(app) and abs(aqq) + g == abs(aqq):
-                    A[p, q] = A[q, p] = 0.0  # below rounding of both diagonal entries: converged
+                app, aqq = A[p, p], A[q, q]
+                if abs(apq) <= tiny or (sweep > 3 and abs(app) + g == abs(app) and abs(aqq) + g == abs(aqq)):
+                    A[p, q] = 0.0
                     continue
-                # the rotation that zeroes A[p, q]: t = tan(phi), the smaller root of t^2 + 2 theta t - 1 = 0
-                theta = (aqq - app) / (2.0 * apq)
-                t = 1.0 / (abs(theta) + math.sqrt(theta * theta + 1.0))
-                if theta < 0.0:
-                    t = -t
-                c = 1.0 / math.sqrt(t * t + 1.0)
+                if abs(apq) <= thresh:
+                    continue
+                h = aqq - app
+                if abs(h) + g == abs(h):
+                    t = apq / h
+                else:
+                    theta = 0.5 * h / apq
+                    t = 1.0 / (abs(theta) + math.sqrt(1.0 + theta * theta))
+                    if theta < 0.0:
+                        t = -t
+                c = 1.0 / math.sqrt(1.0 + t * t)
                 s = t * c
-                _rotate(A, p, q, c, s, False)
-                _rotate(A, p, q, c, s, True)
-                A[p, q] = A[q, p] = 0.0  # zero by construction; rounding would leave ~1e-17 * |A|
-                _rotate(V, p, q, c, s, False)
+                tau = s / (1.0 + c)
+                A[p, p] = app - t * apq
+                A[q, q] = aqq + t * apq
+                A[p, q] = 0.0
+                for j in range(p):  # (j, p), (j, q) for j < p < q, and so on: the upper triangle only
+                    _rotate(A, j, p, j, q, s, tau)
+                for j in range(p + 1, q):
+                    _rotate(A, p, j, j, q, s, tau)
+                for j in range(q + 1, n):
+                    _rotate(A, p, j, q, j, s, tau)
+                for j in range(n):
+                    _rotate(W, p, j, q, j, s, tau)
+    return max_sweeps + 1
 
 
 @njit(**_NJ)
@@ -159,7 +174,10 @@ def _pinv_solve(A, V, tmp, g, out):
     """``out = pinv(A) g`` for the symmetric ``A`` (destroyed): eigenvalues at or below ``PINV_RCOND`` times the
     largest |eigenvalue| are dropped."""
     n = A.shape[0]
-    _jacobi_eigh(A, V)
+    for i in range(n):
+        for j in range(n):
+            V[i, j] = 1.0 if i == j else 0.0
+    jacobi_eigh(A, V, _MAX_SWEEPS)  # V -> Q^T: its rows are the eigenvectors
     wmax = 0.0
     for i in range(n):
         wmax = max(wmax, abs(A[i, i]))
@@ -169,14 +187,14 @@ def _pinv_solve(A, V, tmp, g, out):
         if abs(w) > cut:
             s = 0.0
             for k in range(n):
-                s += V[k, i] * np.float64(g[k])
+                s += V[i, k] * np.float64(g[k])
             tmp[i] = s / w
         else:
             tmp[i] = 0.0
     for k in range(n):
         s = 0.0
         for i in range(n):
-            s += V[k, i] * tmp[i]
+            s += V[i, k] * tmp[i]
         out[k] = s
 
 

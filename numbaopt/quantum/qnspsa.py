@@ -26,10 +26,12 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from ..loops import CALLBACK, MAXITER, NONFINITE, TARGET, OptimizeResult
-from ..loops.drivers import REASONS
+from ..loops import CALLBACK, NONFINITE, TARGET, OptimizeResult
+from ..loops.drivers import REASONS, stop_reason
 from ..loops.fnref import FnRef, fn_type, fnref_type
 from ..loops.problem import count, is_njit, loss_value
+from ..loops.spsa import rademacher
+from .linalg import jacobi_eigh
 
 __all__ = ["minimize_qnspsa", "pennylane_directions", "TARGET"]
 
@@ -45,20 +47,6 @@ _JACOBI_SWEEPS = 100  # Jacobi converges quadratically: a warm start takes a few
 # ---------------------------------------------------------------------------------------------
 # compiled kernels (called from the compiled driver and, as compiled code too, from the interpreted one)
 # ---------------------------------------------------------------------------------------------
-@njit(**_NJ)
-def _signs(rng, out):
-    """Fill ``out`` with +-1 from the splitmix64 stream whose state is ``rng[0]`` (as the loops' SPSA)."""
-    s = rng[0]
-    for i in range(out.shape[0]):
-        s = s + np.uint64(0x9E3779B97F4A7C15)
-        z = s
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        out[i] = 1.0 if (z >> np.uint64(63)) == np.uint64(0) else -1.0
-    rng[0] = s
-
-
 @njit(**_NJ)
 def _shift(out, x, eps, d1, c1, d2, c2):
     """``out = x + eps * (c1 d1 + c2 d2)``: the sum of directions first, as PennyLane writes
@@ -102,73 +90,6 @@ def _std(a, m, tmp):
         d = a[i] - mean
         tmp[i] = d * d
     return math.sqrt(_np_sum(tmp, m) / m)
-
-
-@njit(**_NJ)
-def _rotate(A, i, j, k, l, s, tau):
-    """Rotate the pair ``(A[i, j], A[k, l])`` by the Jacobi rotation ``(s, tau = s / (1 + c))``."""
-    a, b = A[i, j], A[k, l]
-    A[i, j] = a - s * (b + tau * a)
-    A[k, l] = b + s * (a - tau * b)
-
-
-@njit(**_NJ)
-def jacobi_eigh(A, W, max_sweeps):
-    """Diagonalise the symmetric ``A`` (upper triangle read; the lower one is scratch) in place by cyclic
-    Jacobi rotations, applied to the rows of ``W`` too: ``diag(A) -> Lambda``, ``W -> Q^T W`` for ``A = Q
-    Lambda Q^T``. Returns the sweeps taken (``max_sweeps + 1``: not converged). Numerical Recipes' rotations
-    (Press et al., 11.1) and threshold in the first 3 sweeps; an element below ``eps ||A||_F`` (the rounding
-    of a rotation; eigenvalues to ``~eps ||A||``, as LAPACK's) or too small to change its diagonal elements is
-    set to 0 (NR's test alone chases rounding next to near-zero eigenvalues: twice the sweeps on a VQE metric).
-    """
-    n = A.shape[0]
-    fro = 0.0
-    for p in range(n):
-        fro += A[p, p] * A[p, p]
-        for q in range(p + 1, n):
-            fro += 2.0 * A[p, q] * A[p, q]
-    tiny = 2.220446049250313e-16 * math.sqrt(fro)
-    for sweep in range(max_sweeps):
-        off = 0.0
-        for p in range(n - 1):
-            for q in range(p + 1, n):
-                off += abs(A[p, q])
-        if off == 0.0:
-            return sweep
-        thresh = 0.2 * off / (n * n) if sweep < 3 else 0.0
-        for p in range(n - 1):
-            for q in range(p + 1, n):
-                apq = A[p, q]
-                g = 100.0 * abs(apq)
-                app, aqq = A[p, p], A[q, q]
-                if abs(apq) <= tiny or (sweep > 3 and abs(app) + g == abs(app) and abs(aqq) + g == abs(aqq)):
-                    A[p, q] = 0.0
-                    continue
-                if abs(apq) <= thresh:
-                    continue
-                h = aqq - app
-                if abs(h) + g == abs(h):
-                    t = apq / h
-                else:
-                    theta = 0.5 * h / apq
-                    t = 1.0 / (abs(theta) + math.sqrt(1.0 + theta * theta))
-                    if theta < 0.0:
-                        t = -t
-                c = 1.0 / math.sqrt(1.0 + t * t)
-                s = t * c
-                tau = s / (1.0 + c)
-                A[p, p] = app - t * apq
-                A[q, q] = aqq + t * apq
-                A[p, q] = 0.0
-                for j in range(p):  # (j, p), (j, q) for j < p < q, and so on: the upper triangle only
-                    _rotate(A, j, p, j, q, s, tau)
-                for j in range(p + 1, q):
-                    _rotate(A, p, j, j, q, s, tau)
-                for j in range(q + 1, n):
-                    _rotate(A, p, j, q, j, s, tau)
-                for j in range(n):
-                    _rotate(W, p, j, q, j, s, tau)
-    return max_sweeps + 1
 
 
 @njit(**_NJ)
@@ -225,17 +146,6 @@ def _natural_step(x, g, W, mu, lr, out, Y):
 
 
 @njit(**_NJ)
-def _why_stop(f, it, maxiter, f_target):
-    if not math.isfinite(f):
-        return NONFINITE
-    if f <= f_target:
-        return TARGET
-    if it >= maxiter:
-        return MAXITER
-    return 0
-
-
-@njit(**_NJ)
 def _run(fun, overlap, args, x, xn, xp, g, D, DIR, W, EV, B, AB, Y, S, ring, hist, I, HP, rng, nsteps):
     """Up to ``nsteps`` QN-SPSA steps from the state in the arrays (resumable: chunks for callbacks).
     ``HP = [lr, eps, eps**2, reg, f_target, f(x)]``; ``I`` holds the counters (slots named in the module)."""
@@ -250,7 +160,7 @@ def _run(fun, overlap, args, x, xn, xp, g, D, DIR, W, EV, B, AB, Y, S, ring, his
                 if I[_USE_DIR] != 0:
                     d[j, :] = DIR[it, r, j]
                 else:
-                    _signs(rng, d[j])
+                    rademacher(rng, 0, d[j])
             _shift(xp, x, eps, d[0], 1.0, d[0], 0.0)
             fp = np.float64(fun(xp, *args))
             _shift(xp, x, eps, d[0], -1.0, d[0], 0.0)
@@ -290,7 +200,7 @@ def _run(fun, overlap, args, x, xn, xp, g, D, DIR, W, EV, B, AB, Y, S, ring, his
             I[_NFEV] += 1
         it += 1
         hist[it] = f
-        reason = _why_stop(f, it, maxiter, f_target)
+        reason = stop_reason(f, 0.0, np.nan, it, maxiter, -1.0, -1.0, f_target)  # no gtol, no ftol
     I[_IT], I[_K], I[_REASON] = it, k, reason
     HP[5] = f
     return 0
@@ -411,7 +321,7 @@ def minimize_qnspsa(fun, overlap, x0, *, lr=1e-3, finite_diff_step=1e-2, resampl
     I[_K] = I[_NFEV] = 1  # PennyLane's step count k starts at 1; fun was evaluated at x0
     I[_USE_DIR], I[_BLOCKING], I[_R], I[_MAXITER] = directions is not None, bool(blocking), R, maxiter
     I[_AVG_REG] = average == "pennylane"
-    I[_REASON] = _why_stop(f0, 0, maxiter, target)
+    I[_REASON] = stop_reason(f0, 0.0, np.nan, 0, maxiter, -1.0, -1.0, target)
     HP = np.array([lr, eps, eps ** 2, reg, target, f0])
     arrays = (x, np.empty(n), np.empty(n), np.zeros(n), np.zeros((R, 3, n)), DIR, np.eye(n), np.ones((2, n)),
               np.empty((n, n)), np.empty((R, 2, n)), np.empty(max(n, hlen)), np.zeros(R), np.zeros(hlen), hist, I,

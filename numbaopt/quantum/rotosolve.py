@@ -46,7 +46,7 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from ..loops.drivers import CALLBACK, FTOL, MAXITER, NONFINITE, REASONS, RUNNING, TARGET
+from ..loops.drivers import CALLBACK, FTOL, MAXITER, NONFINITE, REASONS, RUNNING, TARGET, stop_reason
 from ..loops.fnref import FnRef, fn_type, register_fnref
 from ..loops.problem import checked_loss, count, is_njit, loss_targets, nonneg
 from ..loops.results import OptimizeResult
@@ -230,18 +230,9 @@ def _sweeps(fun, args, x, R, E, C, nsteps, maxiter, ftol, ftarget, I, F, H):
         fresh = False
     stop = it + nsteps
     while True:
-        if fresh:  # the tests, right after every fresh evaluation
-            if not math.isfinite(f):
-                reason = NONFINITE
-                break
-            if f <= ftarget:
-                reason = TARGET
-                break
-            if abs(fprev - f) <= ftol * max(abs(fprev), abs(f), 1.0):
-                reason = FTOL
-                break
-            if it >= maxiter:
-                reason = MAXITER
+        if fresh:  # the tests, right after every fresh evaluation (no gradient: gn2 = 0, gtol2 = -1)
+            reason = stop_reason(f, 0.0, fprev, it, maxiter, -1.0, ftol, ftarget)
+            if reason != RUNNING:
                 break
         if it >= stop:
             break
