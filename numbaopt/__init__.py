@@ -20,10 +20,10 @@ from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
 from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
 from .plateau import ReduceOnPlateau
 from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
-                    Chain, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB, LAMBDirection,
-                    LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov, NonFiniteGuard,
-                    NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum, SkipNonFinite, Trace,
-                    TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
+                    Chain, ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB,
+                    LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
+                    NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
+                    SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
 from .schedules import (Schedule, constant, cosine, exponential, join, linear, linear_one_cycle, one_cycle,
                         piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay, warmup_constant, warmup_cosine,
                         warmup_exponential)
@@ -43,8 +43,8 @@ __all__ = [
     # the catalogue
     "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop",
     "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad", "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm",
-    "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS",
-    "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
+    "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB",
+    "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
     "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad", "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",

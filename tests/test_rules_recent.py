@@ -1,5 +1,5 @@
 """The rules of issue 15 that fit the elementwise / per-array-reduction machinery: ADOPT, AdEMAMix, EMA, ZeroNaNs,
-KeepParamsNonNegative, NormalizeByUpdateNorm, and ClipNorm / ClipGlobalNorm with any p > 0.
+KeepParamsNonNegative, NormalizeByUpdateNorm, ClipByBlockRMS, and ClipNorm / ClipGlobalNorm with any p > 0.
 
 Each against an independent float64 NumPy reference of its published formula (written from the papers and optax's
 documented conventions, not from the definitions) for 25 steps, in float32, float64 and complex128 where the rule
@@ -108,8 +108,26 @@ def r_clip(max_norm, p, tree=False):
     return f
 
 
+def r_block_rms(threshold):
+    def f(S, xs, gs, t):  # per leaf: optax's clip_by_block_rms
+        return S, [g / max(1.0, math.sqrt(a2(g).mean()) / threshold) for g in gs]
+    return f
+
+
 def r_descent(lr):
     return lambda S, xs, gs, t: (S, [lr * g for g in gs])
+
+
+def r_adam(lr, b1=0.9, b2=0.999, eps=1e-8):
+    def f(S, xs, gs, t):
+        ds = []
+        for i, g in enumerate(gs):
+            m, v = S.get(i, (0.0, 0.0))
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * a2(g)
+            S[i] = (m, v)
+            ds.append(lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps))
+        return S, ds
+    return f
 
 
 def r_weight_decay(wd):
@@ -201,6 +219,8 @@ CASES = [
     ("NormalizeByUpdateNorm", no.NormalizeByUpdateNorm(0.5), r_normalize(0.5), True, {},
      lambda o: neg(o, o.normalize_by_update_norm(0.5))),
     ("ClipNorm-p3", no.ClipNorm(1.0, p=3), r_clip(1.0, 3.0), True, {}, None),
+    ("ClipByBlockRMS", no.ClipByBlockRMS(0.5), r_block_rms(0.5), True, {},
+     lambda o: neg(o, o.clip_by_block_rms(0.5))),
 ]
 
 
@@ -292,6 +312,9 @@ TREE_CASES = [
      r_chain(r_weight_decay(0.1), r_ema(0.5, debias=False), r_adopt(0.01, clip=False)), {},
      lambda o: o.chain(o.add_decayed_weights(0.1), o.ema(0.5, debias=False),
                        o.contrib.adopt(0.01, use_clipping=False))),
+    ("ClipByBlockRMS+Adam", no.chain(no.ClipByBlockRMS(0.3), no.Adam(0.01)),
+     r_chain(r_block_rms(0.3), r_adam(0.01)), {},
+     lambda o: o.chain(o.clip_by_block_rms(0.3), o.adam(0.01))),
     ("ClipNorm-p0.5+ClipGlobalNorm-p3",
      no.chain(no.ClipNorm(2.0, p=0.5), no.ClipGlobalNorm(1.0, p=3), no.Descent(0.1)),
      r_chain(r_clip(2.0, 0.5), r_clip(1.0, 3.0, tree=True), r_descent(0.1)), {}, None),

@@ -9,7 +9,7 @@ from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, 
 from .base import Rule, hyper, option, state
 from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
 from .chain import Chain, chain
-from .clipping import (ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
+from .clipping import (ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
                        NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
 from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
 from .lookahead import Lookahead, LookaheadSync
@@ -20,8 +20,9 @@ from .stages import AccumGrad, MixedPrecision
 __all__ = [
     "Rule", "hyper", "option", "state", "Chain", "chain", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop", "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad",
-    "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "Yogi", "Adan", "Signum", "Trace",
-    "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite",
+    "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan",
+    "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard",
+    "SkipNonFinite",
     "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad",
     "MixedPrecision"
 ]

@@ -9,8 +9,8 @@ from .base import Rule, hyper, option
 from .chain import chain
 from .ops import abs2, clamp, absval, isfinite, INF
 
-__all__ = ["ClipGrad", "ClipNorm", "ClipGlobalNorm", "NonFiniteGuard", "SkipNonFinite", "NormalizeByUpdateNorm",
-           "ZeroNaNs", "KeepParamsNonNegative"]
+__all__ = ["ClipGrad", "ClipNorm", "ClipGlobalNorm", "ClipByBlockRMS", "NonFiniteGuard", "SkipNonFinite",
+           "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative"]
 
 #: the infinity norm (``p=INF_P``)
 INF_P = float("inf")
@@ -137,6 +137,40 @@ class ClipGlobalNorm(ClipNorm):
     scope = "tree"
     torch = "clip_grad_norm_(model.parameters(), max_norm, norm_type=p, error_if_nonfinite)"
     optax = "clip_by_global_norm(max_norm) (p=2; optax never raises: error_if_nonfinite=False)"
+
+
+class ClipByBlockRMS(Rule):
+    """Per-array RMS clipping (optax's ``clip_by_block_rms``): ``rms = sqrt(mean(|g|^2))`` over the array (a
+    "block": one leaf of the tree, each with its own), ``d = g / max(1, rms / threshold)``. The update clipping
+    of Adafactor, applied to the gradient; an empty array is left alone.
+
+    Shazeer and Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", 2018, section 6.
+    https://arxiv.org/abs/1804.04235
+    Examples
+    --------
+    >>> x = np.zeros(2); state = no.setup(no.chain(no.ClipByBlockRMS(1.0), no.Descent(1.0)), x)
+    >>> state, x = no.update_(state, x, np.array([3.0, 4.0]))   # rms = sqrt(12.5): the step is g / 3.5355
+    >>> print(x.round(4))
+    [-0.8485 -1.1314]
+    """
+    threshold = hyper(1.0, low=0.0, low_open=True, allow_inf=True, doc="inf: no clipping")
+    reduce_ops = ("sum", "sum")
+    finals = ("denom",)
+    torch = "(none)"
+    optax = "clip_by_block_rms(threshold)"
+
+    @staticmethod
+    def reduce(g, x):
+        return abs2(g), 1.0
+
+    @staticmethod
+    def finish(total, count, threshold):
+        rms = math.sqrt(total / count) if count > 0.0 else 0.0
+        return (max(1.0, rms / threshold),)
+
+    @staticmethod
+    def step(g, x, denom):
+        return g / denom
 
 
 class NonFiniteGuard(Rule):
