@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 test-cudasim: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
