@@ -124,9 +124,9 @@ def thin(ts, errs):
     return [(float(ts[i]), float(errs[i])) for i in idx]
 
 
-def make_problem(nq, layers, target):
+def make_problem(nq, layers, target, seed=0):
     exact = vqe.exact_ground_energy(nq, J, H_FIELD)
-    return Problem(nq, layers, vqe.initial_angles(nq, layers), exact, exact + target * abs(exact))
+    return Problem(nq, layers, vqe.initial_angles(nq, layers, seed), exact, exact + target * abs(exact))
 
 
 # -- PennyLane side --------------------------------------------------------------------------------
@@ -458,6 +458,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--qubits", type=int, nargs="+", default=[6, 8, 10, 12])
     ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0, help="the start: vqe.initial_angles(nq, layers, seed) (0: the "
+                    "shipped angles)")
     ap.add_argument("--target", type=float, default=1e-3, help="relative error to reach")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per run before it counts as not reached")
     ap.add_argument("--repeat", type=int, default=3)
@@ -496,7 +498,7 @@ def main(argv=None):
     print(f"# numbaopt.minimize stops on {'f_target' if meta['f_target'] else 'a callback every 25 iterations'}")
     results = []
     for nq in a.qubits:
-        p = make_problem(nq, a.layers, a.target)
+        p = make_problem(nq, a.layers, a.target, a.seed)
         for row in a.rows:
             r = bench_row(row, p, a)
             results.append(r)

@@ -11,6 +11,7 @@ from numba import njit
 
 import numbaopt as no
 from numbaopt.quantum import linalg
+from numbaopt.loops import TARGET as TARGET_STATUS
 from numbaopt.quantum.qng import minimize_qng, natural_gradient, workspace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -284,3 +285,19 @@ def test_qng_loop_is_cached_across_processes(tmp_path):
 
     misses()  # the first process may compile (a fresh kernel cache) and fills the caches
     assert misses() == 0
+
+
+def test_multistart_stops_at_the_first_start_on_target_with_that_starts_own_iterates():
+    """examples/vqe.py run_qng_multistart: two starts on two threads; the winner reached the target and its
+    iterates are bitwise those of the same start run alone (threads change no arithmetic)."""
+    seed, res, exact, seconds, results = vqe.run_qng_multistart(4, 2, seeds=(0, 1, 2), threads=2, maxiter=400,
+                                                                every=5)
+    assert seed in results and res is results[seed] and seconds > 0
+    target = exact + 1e-3 * abs(exact)
+    assert res.fun <= target and res.status == TARGET_STATUS
+    alone = minimize_qng(vqe.energy_grad, vqe.metric_tensor, vqe.initial_angles(4, 2, seed), lr=0.15, lam=1e-2,
+                         args=(4, 2, 1.0, 1.0), metric_args=(4, 2), maxiter=400, gtol=None, f_target=target,
+                         schedule=no.schedules.exponential(0.15, 0.05 / 0.15, every=2500))
+    assert alone.nit == res.nit and np.array_equal(alone.x, res.x)
+    for s, r in results.items():  # the others stopped on their own test or on the winner's flag
+        assert s == seed or r.fun > target or r.status == TARGET_STATUS
