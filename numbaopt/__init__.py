@@ -24,9 +24,9 @@ from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax,
                     LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
                     NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
                     SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
-from .schedules import (Schedule, constant, cosine, exponential, join, linear, linear_one_cycle, one_cycle,
-                        piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay, warmup_constant, warmup_cosine,
-                        warmup_exponential)
+from .schedules import (Schedule, ademamix_alpha, ademamix_beta3, constant, cosine, exponential, join, linear,
+                        linear_one_cycle, one_cycle, piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay,
+                        warmup_constant, warmup_cosine, warmup_exponential)
 from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
                    param_info, register_container, thaw_)
 
@@ -49,7 +49,7 @@ __all__ = [
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",
-    "sgdr", "sgdr_cycles", "ReduceOnPlateau",
+    "sgdr", "sgdr_cycles", "ademamix_alpha", "ademamix_beta3", "ReduceOnPlateau",
     # trees
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
     "param_info", "freeze_", "thaw_", "destructure",

@@ -480,3 +480,55 @@ def test_reduce_on_plateau_checks_and_state():
     st = no.setup(no.Adam(), x)
     with pytest.raises(ValueError, match="lr"):
         r.adjust_(st, 1.0, lr=float("nan"))
+
+
+# ---- AdEMAMix's warmups (Pagliardini et al. 2024), written from the paper's appendix and the authors' code -----------
+def _paper_alpha(t, alpha, T, start=0.0):
+    if t < T:
+        return (1 - t / T) * start + (t / T) * alpha
+    return alpha
+
+
+def _paper_beta3(t, beta3, T, start):
+    def half_life(b):  # steps until a weight decays to 1/2, minus one (eps as the authors' code)
+        return math.log(0.5) / math.log(b + 1e-8) - 1
+
+    if t < T:
+        f = (1 - t / T) * half_life(start) + (t / T) * half_life(beta3)
+        return math.pow(0.5, 1 / (f + 1))
+    return beta3
+
+
+@pytest.mark.parametrize("T", [1, 7, 1000])
+def test_ademamix_warmups_follow_the_paper(T):
+    ts = np.arange(1, 3 * T + 3)
+    a, b = no.ademamix_alpha(5.0, T, start=1.0), no.ademamix_beta3(0.9999, T, start=0.9)
+    np.testing.assert_allclose(a.values(ts), [_paper_alpha(t, 5.0, T, 1.0) for t in ts], rtol=1e-15, atol=0)
+    np.testing.assert_allclose(b.values(ts), [_paper_beta3(t, 0.9999, T, 0.9) for t in ts], rtol=1e-15, atol=0)
+    assert a(T) == 5.0 and b(T) == 0.9999 and (T == 1 or b(1) < b(2) <= 0.9999)  # reached at t = T, rising before
+    assert eval("no." + repr(b)) == b and eval("no." + repr(a)) == a
+
+
+def test_ademamix_warmups_reject_bad_values():
+    with pytest.raises(ValueError, match="must be < 1"):
+        no.ademamix_beta3(1.0, 10)
+    with pytest.raises(ValueError, match="warmup"):
+        no.ademamix_alpha(5.0, 0)
+    with pytest.raises(ValueError, match="alpha"):
+        no.ademamix_alpha(-1.0, 10)
+
+
+def test_ademamix_driven_by_its_warmups_equals_the_same_rule_driven_by_functions_of_the_count():
+    """The schedules reach the kernel as any hyperparameter does; a function receives the count t - 1."""
+    rng = np.random.default_rng(3)
+    x0 = rng.standard_normal(9)
+    grads = [rng.standard_normal(9) for _ in range(30)]
+    runs = []
+    for alpha, beta3 in ((no.ademamix_alpha(5.0, 20), no.ademamix_beta3(0.999, 20)),
+                         (lambda c: _paper_alpha(c + 1, 5.0, 20), lambda c: _paper_beta3(c + 1, 0.999, 20, 0.9))):
+        x, s = x0.copy(), no.setup(no.AdEMAMix(0.01, beta3=beta3, alpha=alpha), x0)
+        for g in grads:
+            s, x = no.update_(s, x, g)
+        runs.append(x)
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-14, atol=1e-15)
+    assert np.abs(runs[0] - x0).max() > 1e-3

@@ -59,7 +59,8 @@ class AdEMAMix(Rule):
     """AdEMAMix (optax's ``contrib.ademamix``): ``m1 = b1*m1 + (1-b1)*g`` (fast, bias-corrected),
     ``m2 = b3*m2 + (1-b3)*g`` (slow, not corrected), ``v = b2*v + (1-b2)*|g|^2``;
     ``d = lr * ((m1/(1-b1^t) + alpha*m2) / (sqrt(v/(1-b2^t)) + eps) + wd*x)``. ``alpha`` and ``beta3`` may be
-    schedules (the paper warms both up); a function receives the count ``t - 1``, as optax's.
+    schedules (the paper warms both up over the run: ``alpha=no.ademamix_alpha(alpha, T)``,
+    ``beta3=no.ademamix_beta3(beta3, T)``); a function receives the count ``t - 1``, as optax's.
 
     Pagliardini, Ablin and Grangier, "The AdEMAMix Optimizer: Better, Faster, Older", 2024.
     https://arxiv.org/abs/2409.03137

@@ -2,12 +2,14 @@
 convention: see the package's docstring (``numbaopt.schedules``)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Schedule, check_num, join
 from .decay import cosine, linear
 
-__all__ = ["warmup_cosine", "warmup_constant", "warmup_exponential"]
+__all__ = ["warmup_cosine", "warmup_constant", "warmup_exponential", "ademamix_alpha", "ademamix_beta3"]
 
 
 def warmup_cosine(peak: float, warmup: int, steps: int, start: float = 0.0, end: float = 0.0) -> join:
@@ -85,3 +87,68 @@ class warmup_exponential(Schedule):
         if self.warmup:
             v = np.where(c < self.warmup, (self.start - self.peak) * (1 - c / self.warmup) + self.peak, v)
         return v
+
+
+class ademamix_alpha(Schedule):
+    """AdEMAMix's warmup of ``alpha`` (Pagliardini et al. 2024, Algorithm 1): ``start + (alpha - start) * min(t /
+    warmup, 1)`` at step ``t`` (from 1, as the authors' code counts it: ``alpha`` is reached at ``t = warmup``).
+    For ``AdEMAMix(alpha=ademamix_alpha(alpha, T))``, with :class:`ademamix_beta3` over the same ``T``.
+
+    Pagliardini, Ablin and Grangier, "The AdEMAMix Optimizer: Better, Faster, Older", 2024.
+    https://arxiv.org/abs/2409.03137
+
+    Examples
+    --------
+    >>> s = no.schedules.ademamix_alpha(8.0, 4)
+    >>> [s(t) for t in (1, 2, 4, 100)]
+    [2.0, 4.0, 8.0, 8.0]
+    """
+
+    def __init__(self, alpha: float, warmup: int, start: float = 0.0) -> None:
+        self.alpha, self.start = check_num("alpha", alpha, low=0.0), check_num("start", start, low=0.0)
+        self.warmup = check_num("warmup", warmup, low=1, integer=True)
+
+    def _params(self):
+        return {"alpha": self.alpha, "warmup": self.warmup, "start": self.start}
+
+    def values(self, ts):
+        a = np.minimum(np.asarray(ts, dtype=np.float64) / self.warmup, 1.0)
+        return np.where(a < 1.0, (1.0 - a) * self.start + a * self.alpha, self.alpha)
+
+
+class ademamix_beta3(Schedule):
+    """AdEMAMix's warmup of ``beta3`` (Pagliardini et al. 2024, the authors' ``linear_hl_warmup_scheduler``): the
+    half-life of the slow average, ``f(b) = ln(1/2) / ln(b + 1e-8) - 1`` steps, grows linearly from ``f(start)`` to
+    ``f(beta3)`` over ``warmup`` steps, and ``beta3_t = 0.5 ** (1 / (f_t + 1))``; ``beta3`` from step ``warmup`` on
+    (``t`` from 1). A linear warmup of ``beta3`` itself would spend almost all of it at short memories. ``start``
+    defaults to AdEMAMix's ``beta1``, as the authors set it.
+
+    Pagliardini, Ablin and Grangier, "The AdEMAMix Optimizer: Better, Faster, Older", 2024.
+    https://arxiv.org/abs/2409.03137
+
+    Examples
+    --------
+    >>> s = no.schedules.ademamix_beta3(0.9999, 1000)
+    >>> [round(s(t), 6) for t in (1, 500, 999, 1000)]
+    [0.949966, 0.9998, 0.9999, 0.9999]
+    """
+
+    def __init__(self, beta3: float, warmup: int, start: float = 0.9) -> None:
+        self.beta3 = check_num("beta3", beta3, low=0.0, high=1.0)
+        self.start = check_num("start", start, low=0.0, high=1.0)
+        if self.beta3 >= 1.0 or self.start >= 1.0:
+            raise ValueError(f"ademamix_beta3: beta3={beta3!r} and start={start!r} must be < 1 (a half-life of "
+                             "infinitely many steps)")
+        self.warmup = check_num("warmup", warmup, low=1, integer=True)
+
+    def _params(self):
+        return {"beta3": self.beta3, "warmup": self.warmup, "start": self.start}
+
+    @staticmethod
+    def _half_life(b):
+        return math.log(0.5) / math.log(b + 1e-8) - 1.0
+
+    def values(self, ts):
+        a = np.minimum(np.asarray(ts, dtype=np.float64) / self.warmup, 1.0)
+        f = (1.0 - a) * self._half_life(self.start) + a * self._half_life(self.beta3)
+        return np.where(a < 1.0, 0.5 ** (1.0 / (f + 1.0)), self.beta3)
