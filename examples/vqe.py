@@ -492,21 +492,21 @@ def run_qng_multistart(nq=12, layers=6, seeds=(0, 1, 2, 3), threads=2, target_rt
     done = threading.Event()
     winner = []
 
+    def solve(seed, iterations):
+        return minimize_qng(energy_grad, metric_tensor, initial_angles(nq, layers, seed), lr=lr, lam=lam, args=args,
+                            metric_args=margs, maxiter=iterations, gtol=None, f_target=target, schedule=schedule,
+                            callback=lambda r: done.is_set(), callback_every=every)
+
     def one(seed):
         if done.is_set():
             return None
-        res = minimize_qng(energy_grad, metric_tensor, initial_angles(nq, layers, seed), lr=lr, lam=lam, args=args,
-                           metric_args=margs, maxiter=maxiter, gtol=None, f_target=target, schedule=schedule,
-                           callback=lambda r: done.is_set(), callback_every=every)
+        res = solve(seed, maxiter)
         if res.fun <= target and not done.is_set():
             done.set()
             winner.append(seed)
         return res
 
-    # compile (or load from the cache) before the clock starts and before threads race to it
-    minimize_qng(energy_grad, metric_tensor, initial_angles(nq, layers, seeds[0]), lr=lr, lam=lam, args=args,
-                 metric_args=margs, maxiter=1, gtol=None, f_target=target, schedule=schedule,
-                 callback=lambda r: False, callback_every=every)
+    solve(seeds[0], 1)  # compile (or load from the cache) before the clock starts and before threads race to it
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=threads) as pool:
         results = dict(zip(seeds, pool.map(one, seeds)))

@@ -115,7 +115,7 @@ class ReduceOnPlateau:
         value = base * self.update(loss)
         applied = self._applied
         if applied is None or applied[0] is not state or applied[1] != hyper or applied[2] != value:
-            adjust_(cast(Any, state), **{hyper: value})  # any state adjust_ takes
+            state = adjust_(cast(Any, state), **{hyper: value})  # any state adjust_ takes
             self._applied = (state, hyper, value)
         return state
 
