@@ -21,6 +21,7 @@ from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, 
 from .plateau import ReduceOnPlateau
 from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
                     Chain, ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB,
+                    Centralize, AdaptiveGradClip, ScaleByFactoredRMS, ScaleByParamBlockRMS, Adafactor,
                     LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
                     NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
                     SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
@@ -45,7 +46,9 @@ __all__ = [
     "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad", "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm",
     "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB",
     "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
-    "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad", "MixedPrecision",
+    "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize", "AdaptiveGradClip",
+    "ScaleByFactoredRMS",
+    "ScaleByParamBlockRMS", "Adafactor", "AccumGrad", "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",

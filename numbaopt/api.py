@@ -277,7 +277,8 @@ class JitStep:
     number ``t`` (1, 2, ...) and returns a status (0 = stepped, 1 = skipped, 2 + k = rule k refused).
     ``hp`` is an array (float32 for float32 parameters, else float64) of hyperparameters
     (``hyper_index(name)`` says where each lives, so a loop can change them, e.g. from a schedule);
-    ``state`` is a tuple of arrays created here on the host.
+    ``state`` is a tuple of arrays created here on the host (for an axis reduction, its units are those of
+    ``x``'s shape: pass ``x.reshape(-1)`` to the step).
     """
 
     step: Any  #: the compiled step (a Numba dispatcher)
@@ -294,7 +295,8 @@ class JitStep:
                             "counters and copies on the host; pass a chain of elementwise and reduction rules")
         x = np.asarray(x)
         dtype = check_param_dtype(x.dtype)
-        leaf = Leaf(rule, (x.size,), dtype, layout=layout)
+        # x's shape: an axis reduction's units (rows, columns) come from it; the step takes x.reshape(-1)
+        leaf = Leaf(rule, x.shape, dtype, layout=layout)
         self.rule = rule
         self.step = leaf.kernels().step
         self.state = tuple(leaf.arrays)

@@ -60,10 +60,15 @@ def _formula(cls) -> str:
 
 
 def _states(cls) -> str:
-    always = [s for s in cls._states.values() if s.when is None]
+    always = [s for s in cls._states.values() if s.when is None and s.axis is None]
     cond = [s for s in cls._states.values() if s.when is not None]
+    units = [s for s in cls._states.values() if s.axis is not None]
     if not cls._states:
         return "0"
+    if units:
+        per = {"rows": "row", "cols": "column", "batch": "batch"}
+        return f"{len(always)}" + "".join(f"; per {per[s.axis]}: {s.name}{' (real)' if s.real else ''}={_num(s.init)}"
+                                          for s in units)
 
     def name(s):
         init = s.init if isinstance(s.init, str) else _num(s.init)
@@ -88,6 +93,8 @@ def _options(cls) -> str:
 def _reduction(cls) -> str:
     if getattr(cls, "reduce", None) is None:
         return ""
+    if cls.axes:
+        return f"reduction per unit of each array: {', '.join(cls.axes)}"
     return f"reduction over the {'whole tree' if cls.scope == 'tree' else 'array'}"
 
 

@@ -55,3 +55,41 @@ class RuleStep:
     def time_update_(self, rule, n):
         c = self.c
         no.update_(c["state"], c["x"], c["g"])
+
+
+AXIS_RULES = {
+    "Adam": lambda: no.Adam(1e-3),
+    "Adafactor": lambda: no.Adafactor(lr=1e-3),
+    "Centralize+Adam": lambda: no.chain(no.Centralize(), no.Adam(1e-3)),
+    "AdaptiveGradClip+Adam": lambda: no.chain(no.AdaptiveGradClip(0.01), no.Adam(1e-3)),
+}
+
+
+class AxisRuleStep:
+    """``update_`` of the axis reductions (per row / column statistics) on one float32 1024x1024 matrix, Adam
+    beside them; ``peakmem`` of Adafactor's setup (O(rows + cols) state) against Adam's."""
+
+    params = (list(AXIS_RULES),)
+    param_names = ["rule"]
+    repeat = (10, 100, 3.0)
+    timeout = 180
+
+    def setup(self, rule):
+        key = ("axis", rule)
+        if key not in _case:
+            _case.clear()
+            rng = np.random.default_rng(0)
+            x = rng.standard_normal((1024, 1024)).astype(F32)
+            g = rng.standard_normal((1024, 1024)).astype(F32)
+            state = no.setup(AXIS_RULES[rule](), x)
+            no.update_(state, x, g)
+            _case[key] = dict(x=x, g=g, state=state)
+        self.c = _case[key]
+
+    def time_update_(self, rule):
+        c = self.c
+        no.update_(c["state"], c["x"], c["g"])
+
+    def track_state_bytes(self, rule):
+        return sum(a.nbytes for a in self.c["state"].state.values())
+    track_state_bytes.unit = "bytes"

@@ -169,7 +169,9 @@ class Leaf:
         self.counters = np.array([t, t, 0, skipped], dtype=np.int64) if counters is None else counters
         self.hp = layout.hyper_vector(self.t + 1, int(self.counters[1]) + 1, self.dtype) if hp is None else hp
         # ``anchor``: the parameter's page offset, which the state arrays are placed apart from
-        self.arrays = tuple(layout.new_state(self.size, self.dtype, anchor) if arrays is None else arrays)
+        if arrays is None:  # the per-element states, then (axis reductions) the unit states and the geometry row
+            arrays = layout.new_state(self.size, self.dtype, anchor) + layout.new_units([self.shape], self.dtype)
+        self.arrays = tuple(arrays)
         if master is None and self.param_dtype != self.dtype:
             raise ValueError(f"a {self.param_dtype} parameter computed in {self.dtype} needs its master copy")
         self.master = master if self.param_dtype != self.dtype else None
@@ -200,8 +202,14 @@ class Leaf:
 
     @property
     def state(self) -> dict:
-        """State arrays by name (``m``, ``v``, ...; ``name_k`` for member k of a chain when names repeat)."""
-        return {n: a.reshape(self.shape) for n, a in zip(self.layout.state_names(), self.arrays)}
+        """State arrays by name (``m``, ``v``, ...; ``name_k`` for member k of a chain when names repeat), shaped
+        like the parameter; an axis reduction's unit states (``v_row``) shaped like the parameter without the
+        axes summed over."""
+        lay = self.layout
+        out = {n: a.reshape(self.shape) for n, a in zip(lay.state_names(), self.arrays)}
+        units = self.arrays[lay.n_state:lay.n_state + lay.n_unit]
+        out.update({n: a.reshape(s) for n, a, s in zip(lay.unit_names(), units, lay.unit_shapes(self.shape))})
+        return out
 
     def step_hp(self) -> np.ndarray:
         """The hyperparameters for the next step (schedules evaluated and checked; ``hp`` when none)."""

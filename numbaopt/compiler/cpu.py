@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .axes import array_names, axis_phase, geo_loop, geo_reduction, unit_copies, unit_views, unit_writes
 from .elements import element_lines, finals_lines, finish_call, load_lines, rule_functions, call_args
 from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
@@ -43,7 +44,7 @@ from .intrinsics import NO_NRT
 __all__ = ["generate_source", "LANES", "GENERATOR_VERSION"]
 
 #: bump when the generated text changes meaning (it is part of the cache directory's name)
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 
 #: the options of the serial single-array kernels (``inplace``, ``outplace``). They allocate nothing and make
 #: no views: every array is the caller's, alive for the call, so they need no reference counting. Without NRT
@@ -66,9 +67,11 @@ def _identity(op) -> str:
     return "0.0" if op == "sum" else "-INF"
 
 
-def _lane_reduction(layout, r, indent) -> list:
+def _lane_reduction(layout, r, indent, G="") -> list:
     """A dry pass over ``g[i], x[i]`` (``i < n``): the chain up to member r (an AccumGrad before it gives
     the cycle's mean), rule r's contributions summed (or maxed) in float64 into ``acc{r}_{c}``."""
+    if any(q < r for q in layout.axis_rules):  # its elements read their units' finals: the geometry loop
+        return geo_reduction(layout, r, indent, G)
     ops = reduce_ops(layout.rules[r])
     L = [f"{indent}acc{r}_{c}_{u} = {_identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
     rargs = call_args(layout, r, "reduce", ["d", "xi"])
@@ -98,14 +101,19 @@ def _lane_reduction(layout, r, indent) -> list:
     return L
 
 
-def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str) -> list:
+def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str, G: str = "", flat=False) -> list:
     """The element loop of one kind: ``full`` (the whole chain, parameter written), ``accumulate`` (the
     members before the AccumGrad, then the sum), ``reset`` (those members, then the sum cleared: a cycle
-    whose step was skipped) or ``copy`` (a pure step that changes nothing)."""
+    whose step was skipped) or ``copy`` (a pure step that changes nothing). With axis members (``G`` reads
+    the geometry row) the full loop runs over the geometry and writes the new unit states after it."""
     ind = indent + "    "
     L = [f"{indent}for i in {rng}(n):"]
     if kind == "copy":
-        return L + [f"{ind}xo[i] = x[i]"] + [f"{ind}O{k}[i] = S{k}[i]" for k in range(layout.n_state)]
+        L += [f"{ind}xo[i] = x[i]"] + [f"{ind}O{k}[i] = S{k}[i]" for k in range(layout.n_state)]
+        return L + (unit_copies(layout, "S", "O", indent) if layout.axis_rules else [])
+    if kind == "full" and layout.axis_rules and not flat:
+        body = [line[len(ind):] for line in _loop(layout, kind, rng, outplace, indent, flat=True)[1:]]
+        return geo_loop(layout, body, indent, G) + unit_writes(layout, "O" if outplace else "S", indent)
     L += [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
     upto = len(layout.rules) if kind == "full" else layout.accum
     L += element_lines(layout, upto, "gi", "xi", lambda k: f"S{k}[i]", True, ind)
@@ -143,24 +151,31 @@ def _has(layout, r, final) -> bool:
 
 def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters: bool = True,
             inline: bool = False) -> list:
-    S = [f"S{k}" for k in range(layout.n_state)]
-    O = [f"O{k}" for k in range(layout.n_state)]
+    S = array_names(layout, "S")
+    O = array_names(layout, "O")
     params = ["x", "g"] + S + ["hp", "C" if counters else "t"] + (["xo"] + O if outplace else [])
+    G = "Sg[0, {}]"
+    axis = bool(layout.axis_rules)
+    if axis:  # serial (the per-unit sums are one pass) and with NRT (they allocate their tables)
+        par = False
     if inline:
         deco = '@njit(inline="always", **_NJ)'
     else:
-        deco = "@njit(cache=True, parallel=True, **_NJ)" if par else "@njit(cache=True, **_NJK)"
+        deco = "@njit(cache=True, parallel=True, **_NJ)" if par else (
+            "@njit(cache=True, **_NJ)" if axis else "@njit(cache=True, **_NJK)")
     rng = "prange" if par else "range"
     L = [deco, f"def {name}({', '.join(params)}):", "    n = x.shape[0]"]
     if counters:  # before anything is read or written: a gradient overlapping what this call writes
-        written = (["xo"] + O) if outplace else (["x"] + S)
+        written = [a for a in ((["xo"] + O) if outplace else (["x"] + S)) if not a.endswith("g")]
         L += [f"    if {' or '.join(f'_aliased(g, {w})' for w in written)}:", f"        return {ALIASED}"]
     L += ["    t = C[0] + 1", "    tp = C[1] + 1"] if counters else ["    tp = t"]
     L += load_lines(layout, "    ", "t", "tp")
     pre, suf = _split(layout)
 
     def reduce(r, ind, on_skip):
-        out = _lane_reduction(layout, r, ind)
+        if r in layout.axis_rules:
+            return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype")
+        out = _lane_reduction(layout, r, ind, G)
         fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals]
         accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
         out.append(f"{ind}{', '.join(fins)}, = {finish_call(layout, r, accs)}")
@@ -173,9 +188,11 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
 
     def skip_all(ind):
         out = _loop(layout, "copy", rng, True, ind) if outplace else []
+        if outplace and axis:
+            out += [f"{ind}for _k in range(Sg.shape[1]):", f"{ind}    Og[0, _k] = Sg[0, _k]"]
         return out + ([f"{ind}C[3] += 1"] if counters else []) + [f"{ind}return 1"]
 
-    for r in pre:
+    for r in sorted(pre + layout.axis_rules):
         L += reduce(r, "    ", skip_all)
     if layout.accum is not None:
         a = layout.accum
@@ -191,7 +208,9 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
         if any(_has(layout, r, "skip") for r in suf):
             L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
-    L += _loop(layout, "full", rng, outplace, "    ")
+    L += _loop(layout, "full", rng, outplace, "    ", G)
+    if outplace and axis:
+        L += ["    for _k in range(Sg.shape[1]):", "        Og[0, _k] = Sg[0, _k]"]
     if counters:
         L += ["    C[0] += 1", "    C[1] += 1", "    C[2] = 0"]
     return L + ["    return 0"]
@@ -211,7 +230,13 @@ def _head(layout, ind, out=False, views=True) -> list:
     L += [f"{ind}S{k} = A{k}[o:o + n]" for k in range(layout.n_state)]
     if out:
         L += [f"{ind}O{k} = B{k}[o:o + n]" for k in range(layout.n_state)]
+    if layout.axis_rules:
+        L += unit_views(layout, "A", "S", _TG, ind) + (unit_views(layout, "B", "O", _TG, ind) if out else [])
     return L + [f"{ind}t = C[0, j] + 1", f"{ind}tp = C[1, j] + 1"]
+
+
+#: the geometry row of leaf j in the tree kernels
+_TG = "Ag[j, {}]"
 
 
 def _fin_src(layout):
@@ -235,7 +260,7 @@ _PHASE = '@njit(inline="always", cache=True, **_NJ)'
 
 
 def _reduce_phase(layout, r) -> list:
-    A = [f"A{k}" for k in range(layout.n_state)]
+    A = array_names(layout, "A")
     ops = reduce_ops(layout.rules[r])
     c0, flag = layout.acc_cols[r], layout.acc_cols[r] + len(ops)
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
@@ -247,7 +272,10 @@ def _reduce_phase(layout, r) -> list:
     if layout.accum is not None and r > layout.accum:  # only the leaves completing their cycle
         L += [f"        if C[2, j] + 1 < h{layout.accum}_n:", "            continue"]
     L += finals_lines(layout, [q for q in layout.reducers if q < r], "        ", _fin_src(layout))
-    L += _lane_reduction(layout, r, "        ")
+    for q in layout.axis_rules:  # the axis members before r: their finals (nothing written)
+        if q < r:
+            L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
+    L += _lane_reduction(layout, r, "        ", _TG)
     L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(len(ops))] + [f"        P[j, {flag}] = 1.0"]
     L += ["    return 0", "", "", _PHASE, f"def combine_{r}(P, tot):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
@@ -272,7 +300,7 @@ def _reduce_phase(layout, r) -> list:
 
 
 def _reductions(layout) -> list:
-    A = [f"A{k}" for k in range(layout.n_state)]
+    A = array_names(layout, "A")
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     L = ["@njit(cache=True, **_NJ)", f"def reductions({args}):"]
     for r in layout.reducers:
@@ -295,8 +323,8 @@ def _reductions(layout) -> list:
 
 
 def _apply(layout, outplace: bool) -> list:
-    A = [f"A{k}" for k in range(layout.n_state)]
-    B = [f"B{k}" for k in range(layout.n_state)]
+    A = array_names(layout, "A")
+    B = array_names(layout, "B")
     head = ["xaddr", "gaddr"] + (["xoaddr"] if outplace else []) + ["sizes", "offsets"] + A + (B if outplace else [])
     name = "apply_out" if outplace else "apply"
     L = ["@njit(cache=True, **_NJ)", f"def {name}({', '.join(head + ['hp', 'C', 'act', 'F'])}):",
@@ -308,6 +336,10 @@ def _apply(layout, outplace: bool) -> list:
         if layout.n_state:
             L += ["            for i in range(o, o + n):"]
             L += [f"                B{k}[i] = A{k}[i]" for k in range(layout.n_state)]
+        if layout.axis_rules:
+            L += unit_views(layout, "A", "S", _TG, "            ") + unit_views(layout, "B", "O", _TG, "            ")
+            L += unit_copies(layout, "S", "O", "            ")
+            L += ["            for _k in range(Ag.shape[1]):", "                Bg[j, _k] = Ag[j, _k]"]
         L += ["            continue"]
     else:
         L += ["        if act[j] != 1:", "            continue"]
@@ -318,6 +350,8 @@ def _apply(layout, outplace: bool) -> list:
         if _has(layout, r, "skip"):
             L += [f"        if f{r}_skip != 0.0:"]
             L += _loop(layout, "copy", "range", True, "            ") if outplace else []
+            if outplace and layout.axis_rules:
+                L += ["            for _k in range(Ag.shape[1]):", "                Bg[j, _k] = Ag[j, _k]"]
             L += ["            C[3, j] += 1", "            continue"]
     if layout.accum is not None:
         a = layout.accum
@@ -328,14 +362,18 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
             L += _loop(layout, "reset", "range", outplace, "            ")
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
-    L += _loop(layout, "full", "range", outplace, "        ")
+    for q in layout.axis_rules:
+        L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
+    L += _loop(layout, "full", "range", outplace, "        ", _TG)
+    if outplace and layout.axis_rules:
+        L += ["        for _k in range(Ag.shape[1]):", "            Bg[j, _k] = Ag[j, _k]"]
     L += ["        C[0, j] += 1", "        C[1, j] += 1", "        C[2, j] = 0"]
     return L + ["    return 0"]
 
 
 def _fused(layout, outplace: bool) -> list:
-    A = [f"A{k}" for k in range(layout.n_state)]
-    B = [f"B{k}" for k in range(layout.n_state)]
+    A = array_names(layout, "A")
+    B = array_names(layout, "B")
     red = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     if outplace:
         app = ", ".join(["xaddr", "gaddr", "xoaddr", "sizes", "offsets"] + A + B + ["hp", "C", "act", "F"])
@@ -373,7 +411,7 @@ def generate_source(rule, dtype) -> str:
     body += _apply(layout, False) + ["", ""] + _apply(layout, True) + ["", ""]
     body += _fused(layout, False) + ["", ""] + _fused(layout, True) + ["", ""]
     if layout.accum is None:
-        args = ", ".join(["x", "g"] + [f"S[{k}]" for k in range(layout.n_state)] + ["hp", "t"])
+        args = ", ".join(["x", "g"] + [f"S[{k}]" for k in range(layout.n_arrays)] + ["hp", "t"])
         body += _single(layout, "step_inline", False, False, counters=False, inline=True)
         body += ["", "", "@njit(cache=True, **_NJ)", "def step(x, g, S, hp, t):", f"    return step_inline({args})"]
     return "\n".join(out) + "\n\n\n" + "\n".join(body) + "\n"

@@ -11,7 +11,8 @@ import ast
 from ..rules.base import function_source, step_args
 from .layout import ChainLayout, reduce_ops
 
-__all__ = ["renamed_source", "rule_functions", "element_lines", "load_lines", "finals_lines", "finish_call",
+__all__ = ["axis_finals", "renamed_source", "rule_functions", "element_lines", "load_lines", "finals_lines",
+           "finish_call",
            "reduction_lines", "opt_literal", "call_args"]
 
 
@@ -87,11 +88,20 @@ def call_args(layout: ChainLayout, r_i: int, fname: str, lead, state_vars=()) ->
             out.append(opt_literal(rule._values[n]))
         elif n in type(rule).scalars:
             out.append(f"p{r_i}_{n}")
-        elif n in type(rule).finals:
+        elif n in type(rule).finals and not type(rule).axes:
             out.append(f"f{r_i}_{n}")
+        elif type(rule).axes and n in axis_finals(rule):
+            f, a = axis_finals(rule)[n]  # this element's unit's value (see .axes)
+            out.append(f"_R(UF{r_i}_{a}_{f}[{a[0]}i{r_i}])")
         else:  # pragma: no cover - prevented by the checks at class creation
             raise TypeError(n)
     return ", ".join(out)
+
+
+def axis_finals(rule) -> dict:
+    """``{"<final>_<axis>": (index of the final, axis)}`` for an axis reduction (the names its step takes)."""
+    cls = type(rule)
+    return {f"{f}_{a}": (m, a) for m, f in enumerate(cls.finals) for a in cls.axes}
 
 
 def element_lines(layout: ChainLayout, upto: int, gvar: str, xvar: str, sread, writes: bool, indent: str,
@@ -155,8 +165,11 @@ def finish_call(layout: ChainLayout, r_i: int, accs, hpvar: str = "hp") -> str:
     """``finish_{r}(<accumulators>, <hyperparameters/options>)`` (run in float64)."""
     rule = layout.rules[r_i]
     args = list(accs)
-    for n in step_args(type(rule).finish)[len(reduce_ops(rule)):]:
-        args.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]" if n in rule._hypers else opt_literal(rule._values[n]))
+    for n in step_args(type(rule).finish)[len(args):]:  # after the totals (and an axis finish's count, states)
+        if n in type(rule).scalars:  # an axis finish: a per-step scalar, computed before the passes
+            args.append(f"np.float64(p{r_i}_{n})")
+        else:
+            args.append(f"{hpvar}[{layout.hyper_slots[r_i][n]}]" if n in rule._hypers else opt_literal(rule._values[n]))
     return f"finish_{r_i}({', '.join(args)})"
 
 

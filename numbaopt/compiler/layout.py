@@ -23,7 +23,7 @@ import numpy as np
 from ..rules.base import is_scheduled
 from .placement import empty_staggered, page_offsets
 
-__all__ = ["ChainLayout", "real_dtype", "reduce_ops", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
+__all__ = ["ChainLayout", "real_dtype", "reduce_ops", "GEO", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
            "STEPPED", "SKIP", "ACCUMULATED", "RESET", "ALIASED", "ERROR_BASE"]
 
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -40,6 +40,15 @@ T, TP, CNT, SKIPPED = range(4)
 #: rule r refused the step (nothing written); aliased: the gradient overlaps an array the kernel writes
 #: (nothing read or written; the caller runs the kernel again on a copy of the gradient)
 STEPPED, SKIP, ACCUMULATED, RESET, ALIASED, ERROR_BASE = 0, 1, -1, -2, -3, 2
+
+
+#: ints per axis member in a geometry row: P, A, Q, B, S, active
+GEO = 6
+
+
+def _arg_names(f) -> list:
+    import inspect
+    return list(inspect.signature(getattr(f, "__func__", f)).parameters)
 
 
 def real_dtype(dtype) -> np.dtype:
@@ -62,7 +71,9 @@ class ChainLayout:
         self.hyper_slots = []   # per rule: {name: index in hp}
         self.state_slots = []   # per rule: list of (state decl, index in S or None)
         self.hyper_names = []   # flat: (rule index, name)
-        self.state_decls = []   # flat: (rule index, state decl)
+        self.state_decls = []   # flat: (rule index, state decl), the per-element states
+        self.unit_decls = []    # flat: (rule index, state decl), the per-unit states of axis reductions
+        self.unit_slots = []    # per rule: {axis: [index in unit_decls, ...]}
         k = 0
         for r_i, r in enumerate(self.rules):
             slots = {}
@@ -72,22 +83,35 @@ class ChainLayout:
                 k += 1
             self.hyper_slots.append(slots)
             active = {id(s) for s in r.active_states()}
-            ss = []
+            ss, us = [], {}
             for s in r._states.values():
+                if s.axis is not None:
+                    us.setdefault(s.axis, []).append(len(self.unit_decls))
+                    self.unit_decls.append((r_i, s))
+                    continue
                 if id(s) in active:
                     ss.append((s, len(self.state_decls)))
                     self.state_decls.append((r_i, s))
                 else:
                     ss.append((s, None))
             self.state_slots.append(ss)
+            self.unit_slots.append(us)
         self.n_hyper = k
         self.n_state = len(self.state_decls)
+        self.n_unit = len(self.unit_decls)
+        #: the axis-reduction members, and the layout of a geometry row (see :meth:`geometry_rows`)
+        self.axis_rules = [i for i, r in enumerate(self.rules) if type(r).axes]
+        self.geo_len = GEO * len(self.axis_rules) + 2 * self.n_unit
         stages = [type(r).stage for r in self.rules]
         #: index of the AccumGrad member, or None
         self.accum = stages.index("accumulate") if "accumulate" in stages else None
         #: the master dtype of a MixedPrecision first member, or None
         self.master = self.rules[0].dtype if stages[:1] == ["master"] else None
-        self.reducers = [i for i, r in enumerate(self.rules) if getattr(type(r), "reduce", None) is not None]
+        self.reducers = [i for i, r in enumerate(self.rules)
+                         if getattr(type(r), "reduce", None) is not None and not type(r).axes]
+        if self.axis_rules and self.accum is not None:
+            raise TypeError(f"{type(self.rules[self.axis_rules[0]]).__name__} (an axis reduction) cannot be chained "
+                            "with AccumGrad yet; accumulate the gradients yourself and step with their mean")
         self.scheduled = is_scheduled(rule)
         # per hyperparameter: (its rule, its name, whether it counts calls before an AccumGrad), for fill_hyper
         self._hyper_refs = [(self.rules[r_i], n, self.in_prefix(r_i)) for r_i, n in self.hyper_names]
@@ -169,6 +193,108 @@ class ChainLayout:
         """State names as ``leaf.state`` shows them (``m``, ``v``; ``name_k`` when two members share one)."""
         names = [d.name for _, d in self.state_decls]
         return [d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}" for r_i, d in self.state_decls]
+
+    # -- axis reductions: unit states and geometry ------------------------------------------------
+    def refuse_axes(self, where: str) -> None:
+        """A ``TypeError`` for a path that has no axis reductions yet (``where`` names it)."""
+        if self.axis_rules:
+            names = ", ".join(type(self.rules[r]).__name__ for r in self.axis_rules)
+            raise TypeError(f"{where}: {names} (an axis reduction, per row/column of each leaf) runs on the CPU "
+                            "through numbaopt.update/update_ only, not here yet")
+
+    @property
+    def n_arrays(self) -> int:
+        """The arrays a leaf's state passes to the kernels: element states, unit states, the geometry row."""
+        return self.n_state + self.n_unit + (1 if self.axis_rules else 0)
+
+    def geometry(self, shape) -> list:
+        """Per axis member: ``(P, A, Q, B, S, active)`` for a leaf of ``shape`` (``active`` 0 when its geometry
+        leaves the leaf out: then the view is ``(1, n, 1, 1, 1)`` and every element maps to unit 0)."""
+        shape = tuple(int(n) for n in shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        out = []
+        for r_i in self.axis_rules:
+            rule = self.rules[r_i]
+            cls = type(rule)
+            opts = [rule._values[n] for n in _arg_names(cls.geometry)[1:]]
+            cuts = cls.geometry(shape, *opts)
+            if cuts is None:
+                out.append((1, size, 1, 1, 1, 0))
+                continue
+            c = [int(v) for v in cuts]
+            if len(c) != 4 or not 0 <= c[0] <= c[1] <= c[2] <= c[3] <= len(shape):
+                raise ValueError(f"{cls.__name__}.geometry({shape}) = {cuts!r}; expected cut points "
+                                 f"0 <= c0 <= c1 <= c2 <= c3 <= {len(shape)} (or None)")
+            bounds = [0, *c, len(shape)]
+            dims = [int(np.prod(shape[bounds[k]:bounds[k + 1]], dtype=np.int64)) for k in range(5)]
+            out.append((*dims, 1))
+        return out
+
+    def unit_sizes(self, shape) -> list:
+        """The number of values of each unit state for a leaf of ``shape``."""
+        geos = self.geometry(shape)
+        out = []
+        for r_i, d in self.unit_decls:
+            P, A, Q, B, S, act = geos[self.axis_rules.index(r_i)]
+            out.append(1 if not act else {"rows": P * A * Q * S, "cols": P * Q * B * S, "batch": P * Q * S}[d.axis])
+        return out
+
+    def unit_shapes(self, shape) -> list:
+        """The shape of each unit state for a leaf of ``shape`` (the leaf's shape without the summed axes)."""
+        out = []
+        for (r_i, d), size in zip(self.unit_decls, self.unit_sizes(shape)):
+            rule = self.rules[r_i]
+            cls = type(rule)
+            cuts = cls.geometry(tuple(shape), *[rule._values[n] for n in _arg_names(cls.geometry)[1:]])
+            if cuts is None:
+                out.append((size,))
+                continue
+            c0, c1, c2, c3 = cuts
+            keep = {"rows": [*range(c2), *range(c3, len(shape))],
+                    "cols": [*range(c0), *range(c1, len(shape))],
+                    "batch": [*range(c0), *range(c1, c2), *range(c3, len(shape))]}[d.axis]
+            out.append(tuple(shape[k] for k in keep))
+        return out
+
+    def new_units(self, shapes, dtype) -> tuple:
+        """Unit-state arenas and the geometry table for leaves of ``shapes`` (one row each: the geometry of each
+        axis member, then per unit state its offset in its arena and its size); ``()`` without axis members."""
+        if not self.axis_rules:
+            return ()
+        G = np.zeros((len(shapes), max(self.geo_len, 1)), dtype=np.int64)
+        totals = [0] * self.n_unit
+        for j, shape in enumerate(shapes):
+            for q, geo in enumerate(self.geometry(shape)):
+                G[j, GEO * q:GEO * (q + 1)] = geo
+            base = GEO * len(self.axis_rules)
+            for u, size in enumerate(self.unit_sizes(shape)):
+                G[j, base + 2 * u] = totals[u]
+                G[j, base + 2 * u + 1] = size
+                totals[u] += size
+        dtypes = [real_dtype(dtype) if d.real else np.dtype(dtype) for _, d in self.unit_decls]
+        out = []
+        for (r_i, d), total, dt in zip(self.unit_decls, totals, dtypes):
+            init = d.init if not isinstance(d.init, str) else self.rules[r_i].value_at(d.init, 1)
+            out.append(np.full(total, init, dtype=dt))
+        return (*out, G)
+
+    def saved_names(self) -> list:
+        """The names of the arrays a checkpoint holds for a leaf: the element states, then the unit states."""
+        return self.state_names() + self.unit_names()
+
+    def saved_shapes(self, shape) -> list:
+        """Their shapes for a leaf of ``shape``."""
+        return [tuple(shape)] * self.n_state + self.unit_shapes(shape)
+
+    def saved_dtypes(self, dtype) -> list:
+        """Their dtypes for compute dtype ``dtype``."""
+        dtype = np.dtype(dtype)
+        return self.state_dtypes(dtype) + [real_dtype(dtype) if d.real else dtype for _, d in self.unit_decls]
+
+    def unit_names(self) -> list:
+        """Unit-state names as ``leaf.state`` shows them (``name_k`` when two members share one)."""
+        names = [d.name for _, d in self.state_decls] + [d.name for _, d in self.unit_decls]
+        return [d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}" for r_i, d in self.unit_decls]
 
     # -- reductions -----------------------------------------------------------------------------
     def refusing(self) -> list:

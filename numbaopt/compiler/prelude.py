@@ -97,6 +97,16 @@ def real(a):
 
 
 @njit(inline="always", **_NJ)
+def imag(a):
+    return _R(0)
+
+
+@njit(inline="always", **_NJ)
+def number(re, im):
+    return _C(re)
+
+
+@njit(inline="always", **_NJ)
 def isfinite(a):
     return math.isfinite(a)
 '''
@@ -125,6 +135,16 @@ def conj(a):
 @njit(inline="always", **_NJ)
 def real(a):
     return a.real
+
+
+@njit(inline="always", **_NJ)
+def imag(a):
+    return a.imag
+
+
+@njit(inline="always", **_NJ)
+def number(re, im):
+    return _C(complex(re, im))
 
 
 @njit(inline="always", **_NJ)

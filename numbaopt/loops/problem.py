@@ -239,6 +239,7 @@ class Problem:
             rules = [as_rule(rule)]
         for r in rules:
             lay = ChainLayout(r)
+            lay.refuse_axes("rule")
             if lay.accum is not None or lay.master is not None:  # counters and copies kept on the host
                 raise TypeError(f"rule: {r!r} has a stage (AccumGrad or MixedPrecision); minimize needs a chain "
                                 "of elementwise and reduction rules")

@@ -139,6 +139,7 @@ def _setup_sharded(sh, rule, view, what):
                         "(a function of the path) needs shard=False")
     rule = as_rule(rule)
     lay = ChainLayout(rule)
+    lay.refuse_axes("numbaopt.mpi.setup(shard=True)")
     if lay.master is not None:
         raise NotImplementedError("numbaopt.mpi.setup(shard=True) with MixedPrecision: not supported yet (the "
                                   "master copies would be sharded too); use shard=False")

@@ -61,12 +61,14 @@ def state_dict(state: Leaf | DeviceMember | StateTree) -> dict[str, Any]:
 
 def _entry(rule_d, shape, dtype, counters, flat, master, frozen) -> dict:
     rule = dec_rule(rule_d)
-    names = ChainLayout(rule).state_names()
+    layout = ChainLayout(rule)
     shape = tuple(shape)
     out = {"rule": repr(rule), "shape": list(shape), "dtype": dtype}
     out.update({n: int(v) for n, v in zip(_COUNTERS, counters)})
     out["frozen"] = bool(frozen)
-    out["state"] = {n: np.array(a).reshape(shape) for n, a in zip(names, flat)}  # copies, shaped like x
+    # copies, shaped like x (an axis reduction's unit states like x without the axes summed over)
+    out["state"] = {n: np.array(a).reshape(s) for n, a, s in
+                    zip(layout.saved_names(), flat, layout.saved_shapes(shape), strict=True)}
     out["master"] = None if master is None else np.array(master).reshape(shape)
     return out
 
@@ -76,11 +78,14 @@ def _tree_entries(header, arrays) -> dict:
     s = structure_of(dict(header))
     leaves = {}
     for gi, gd in enumerate(header["groups"]):
-        n_arrays = ChainLayout(dec_rule(gd["rule"])).n_state
-        off = 0
+        layout = ChainLayout(dec_rule(gd["rule"]))
+        off, uoff = 0, [0] * layout.n_unit
         for j, u in enumerate(gd["members"]):
             n = int(np.prod(units[u]["shape"], dtype=np.int64))
-            flat = [arrays[f"g{gi}_a{k}"][off:off + n] for k in range(n_arrays)]
+            flat = [arrays[f"g{gi}_a{k}"][off:off + n] for k in range(layout.n_state)]
+            for k, m in enumerate(layout.unit_sizes(units[u]["shape"])):  # the unit states: their own offsets
+                flat.append(arrays[f"g{gi}_a{layout.n_state + k}"][uoff[k]:uoff[k] + m])
+                uoff[k] += m
             leaves[str(s.paths[s.u_positions[u][0]])] = _entry(
                 gd["rule"], units[u]["shape"], units[u]["dtype"], arrays[f"g{gi}_C"][:, j], flat,
                 arrays.get(f"g{gi}_m{j}"), frozen[u])
@@ -110,8 +115,9 @@ class _Target:
     def __init__(self, where, shape, pdt, compute, layout, master):
         self.where, self.shape, self.pdt, self.compute, self.master = where, shape, pdt, compute, master
         self.rule = None
-        self.names = layout.state_names()
-        self.dtypes = layout.state_dtypes(compute)
+        self.names = layout.saved_names()
+        self.dtypes = layout.saved_dtypes(compute)
+        self.shapes = layout.saved_shapes(shape)
 
 
 def _rule_of(d, what):
@@ -124,8 +130,8 @@ def _arrays_of(e, t: _Target) -> tuple:
     """``(state arrays, flat, copied; master or None)`` of entry ``e``, checked against ``t`` by name."""
     st = as_dict(e["state"], "state", t.names)
     out = []
-    for name, dt in zip(t.names, t.dtypes):
-        out.append(_checked(st[name], f"state[{name!r}]", t.shape, dt))
+    for name, dt, shape in zip(t.names, t.dtypes, t.shapes):
+        out.append(_checked(st[name], f"state[{name!r}]", shape, dt))
     if t.master != (e["master"] is not None):
         raise CheckpointError(f"a {t.pdt} parameter computed in {t.compute} " +
                               ("needs its master copy" if t.master else "has no master copy"))
@@ -186,7 +192,7 @@ def _tree_data(header, leaves):
     for name, gd, members in groups:
         gd = as_dict(gd, f"group {name}")
         rule, layout, compute = _rule_of(gd, f"group {name}")
-        per = [[] for _ in range(layout.n_state)]
+        per = [[] for _ in range(layout.n_state + layout.n_unit)]
         counters = []
         for j, u in enumerate(members):
             where = f"state{key[u]}"
@@ -203,7 +209,7 @@ def _tree_data(header, leaves):
                 per[k].append(a)
             if master is not None:
                 data[f"{name}_m{j}"] = master
-        for k, dt in enumerate(layout.state_dtypes(compute)):
+        for k, dt in enumerate(layout.saved_dtypes(compute)):
             data[f"{name}_a{k}"] = np.concatenate(per[k]) if per[k] else np.zeros(0, dt)
         C = np.array(counters, dtype=np.int64).reshape(-1, 4).T.copy()
         if name[0] == "g":

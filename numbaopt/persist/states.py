@@ -112,13 +112,30 @@ def _leaf_entry(leaf, prefix, arrays) -> dict:
     device = isinstance(leaf, (DeviceLeaf, DeviceMember))
     host = leaf.to_host() if device else (leaf.copy() if isinstance(leaf, TreeLeaf) else leaf)
     _save_check(host.counters, host.layout, "the state")
-    for k, a in enumerate(host.arrays):
+    saved = _saved(host.arrays, host.layout)
+    for k, a in enumerate(saved):
         arrays[f"{prefix}_a{k}"] = np.asarray(a)
     arrays[f"{prefix}_C"] = host.counters
     if host.master is not None:
         arrays[f"{prefix}_master"] = host.master
     return {"rule": enc_rule(host.rule), "shape": list(host.shape), "dtype": host.param_dtype.str,
-            "device": device, "n_arrays": len(host.arrays), "master": host.master is not None}
+            "device": device, "n_arrays": len(saved), "master": host.master is not None}
+
+
+def _saved(arrays, layout) -> tuple:
+    """The arrays a file holds: the element and unit states (an axis reduction's geometry table is not state: it
+    is made again from the shapes on load)."""
+    return tuple(arrays[:layout.n_state + layout.n_unit])
+
+
+def _unit_arrays(data, name, layout, shapes, compute) -> list:
+    """The unit-state arrays of leaves of ``shapes`` from the file (``{name}{k}``, after the element states), each
+    checked against the sizes the layout gives those shapes, then the geometry table made afresh."""
+    if not layout.axis_rules:
+        return []
+    fresh = layout.new_units([tuple(sh) for sh in shapes], compute)  # O(rows + cols): small
+    out = [_array(data, f"{name}{layout.n_state + u}", fresh[u].shape, fresh[u].dtype) for u in range(layout.n_unit)]
+    return out + [fresh[-1]]
 
 
 def _leaf_from(d, data):
@@ -131,8 +148,8 @@ def _leaf_from(d, data):
     compute = check_param_dtype(pdt, "its parameter", layout)
     _complex_ok(rule, compute)
     n_arrays = as_int(d["n_arrays"], "n_arrays")
-    if n_arrays != layout.n_state:
-        raise CheckpointError(f"{n_arrays} state arrays, {rule!r} has {layout.n_state}")
+    if n_arrays != layout.n_state + layout.n_unit:
+        raise CheckpointError(f"{n_arrays} state arrays, {rule!r} has {layout.n_state + layout.n_unit}")
     has_master, device = as_bool(d["master"], "master"), as_bool(d["device"], "device")
     if has_master != (pdt != compute):
         raise CheckpointError(f"a {pdt} parameter computed in {compute} " +
@@ -141,6 +158,7 @@ def _leaf_from(d, data):
         raise CheckpointError("GPU state with a master copy")
     _same_arrays(data, [f"leaf_a{k}" for k in range(n_arrays)] + ["leaf_C"] + (["leaf_master"] if has_master else []))
     state = [_array(data, f"leaf_a{k}", (size,), dt) for k, dt in enumerate(layout.state_dtypes(compute))]
+    state += _unit_arrays(data, "leaf_a", layout, [shape], compute)
     counters = _array(data, "leaf_C", (4,), np.int64)
     check_counters(counters, layout, "leaf_C")
     master = _array(data, "leaf_master", (size,), compute) if has_master else None
@@ -159,7 +177,7 @@ def _tree_header(c, arrays) -> dict:
     for gi, g in enumerate(c.groups):
         for j, u in enumerate(g.members):
             _save_check(g.C[:, j], g.layout, s.where(u, "state"))
-        for k, a in enumerate(g.arenas):
+        for k, a in enumerate(_saved(g.arenas, g.layout)):
             arrays[f"g{gi}_a{k}"] = a
         arrays[f"g{gi}_C"] = g.C
         for j, m in enumerate(g.masters):
@@ -279,11 +297,12 @@ def _group_plan(s, gi, gd, data):
     if sum(sizes) > MAX_ELEMENTS:
         raise CheckpointError(f"its leaves have {sum(sizes)} elements (at most 2**48)")
     arenas = [_array(data, f"g{gi}_a{k}", (sum(sizes),), dt) for k, dt in enumerate(layout.state_dtypes(compute))]
+    arenas += _unit_arrays(data, f"g{gi}_a", layout, [s.u_shape[u] for u in members], compute)
     C = _array(data, f"g{gi}_C", (4, len(members)), np.int64)
     for j, u in enumerate(members):
         check_counters(C[:, j], layout, f"{s.where(u, 'state')} (g{gi}_C[:, {j}])")
     masters = [_array(data, f"g{gi}_m{j}", (n,), compute) if f else None for j, (n, f) in enumerate(zip(sizes, flags))]
-    names = {f"g{gi}_a{k}" for k in range(len(arenas))} | {f"g{gi}_C"}
+    names = {f"g{gi}_a{k}" for k in range(layout.n_state + layout.n_unit)} | {f"g{gi}_C"}
     names |= {f"g{gi}_m{j}" for j, f in enumerate(flags) if f}
     args = (rule, compute, members, [s.u_shape[u] for u in members], [s.u_dtype[u] for u in members], masters)
     return (args, arenas, C), names

@@ -9,6 +9,7 @@ from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, 
 from .base import Rule, hyper, option, state
 from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
 from .chain import Chain, chain
+from .factored import AdaptiveGradClip, Adafactor, Centralize, ScaleByFactoredRMS, ScaleByParamBlockRMS
 from .clipping import (ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
                        NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
 from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
@@ -23,7 +24,8 @@ __all__ = [
     "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan",
     "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard",
     "SkipNonFinite",
-    "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "AccumGrad",
+    "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize",
+    "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "AccumGrad",
     "MixedPrecision"
 ]
 

@@ -11,6 +11,10 @@ A rule is declared once, as a class:
   precision (``t`` included: a float32 kernel sees ``t`` exactly up to 2**24 steps);
 * optionally a reduction (``reduce``/``reduce_ops``/``finish``/``finals``) run over the whole array
   (or the whole tree, with ``scope = "tree"``) before the elementwise pass;
+* or an *axis reduction* (``axes``): the same contributions summed per unit of the leaf -- per row, per
+  column, per batch of a two-axis view of it (``geometry``) -- with per-unit state (``state(axis="rows")``,
+  O(rows + cols) memory) that ``finish`` updates; the step reads each element's unit's finals
+  (``<final>_rows``, ``<final>_cols``, ``<final>_batch``), see :data:`AXES`;
 * ONE scalar function ``step(g, x, <state>, <hyper/option/scalar names>) -> (d, <new state>)``.
 
 Every kernel (in-place, out-of-place, threaded, multi-leaf, CUDA, the step callable from a user's
@@ -23,20 +27,27 @@ pipeline implement (gradient accumulation, a master copy) instead of a ``step``.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import math
-import textwrap
 
 import numpy as np
 
 from ..schedules import Schedule, is_schedule, real_scalar, schedule_value
+from .definition import AXES, check_definition, function_source, step_args
 from .ops import STEP_NAMESPACE
 from .spellings import unknown_keyword_message
 
-__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "is_scheduled", "function_source",
-           "step_args"]
+__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "AXES", "is_scheduled",
+           "function_source", "step_args", "default_geometry"]
+
+
+
+def default_geometry(shape):
+    """The view of a leaf that an axis reduction uses unless its rule says otherwise: the leading axis is A (the
+    rows), the others B (``(0, 1, 1, ndim)``; a row of a matrix is a unit of ``rows``); ``None`` for a 0-d
+    leaf (no units: ``finish`` sees ``count = 0``)."""
+    return None if len(shape) == 0 else (0, 1, 1, len(shape))
 
 #: the domain of a decay rate: ``beta1 = hyper(0.9, **UNIT)`` is checked to lie in [0, 1)
 UNIT = dict(low=0.0, high=1.0, high_open=True)
@@ -125,12 +136,16 @@ class state:
     ``init`` is a number or the name of a hyperparameter (e.g. Rprop's per-element step starts at lr).
     ``real=True`` keeps the array real for complex parameters (second moments of ``|g|^2``).
     ``when`` names a boolean option that must be set for the state to exist.
+    ``axis`` (one of :data:`AXES`) makes it per-unit state of an axis reduction instead: one value per row
+    (column, batch) of the leaf, which ``finish`` reads and renews, not the step.
     """
 
-    __slots__ = ("init", "real", "when", "name")
+    __slots__ = ("init", "real", "when", "axis", "name")
 
-    def __init__(self, init=0.0, real=False, when=None):
-        self.init, self.real, self.when = init, real, when
+    def __init__(self, init=0.0, real=False, when=None, axis=None):
+        if axis is not None and axis not in AXES:
+            raise ValueError(f"state(axis={axis!r}); expected one of {AXES}")
+        self.init, self.real, self.when, self.axis = init, real, when, axis
         self.name = None
 
 
@@ -161,6 +176,14 @@ class Rule(metaclass=_RuleMeta):
     optax: str = ""
     #: None for an elementwise rule; "accumulate" or "master" for the stages of numbaopt.rules.stages
     stage = None
+    #: an axis reduction's units (some of AXES): ``reduce``'s contributions are summed per unit of each,
+    #: ``finish(<totals>, count, <this axis's unit states>, <hyper/option names>)`` runs per unit and returns
+    #: the finals then the new unit states; the step reads ``<final>_<axis>`` at its element's unit
+    axes: tuple = ()
+    #: ``geometry(shape, <option names>) -> (c0, c1, c2, c3) | None``: the leaf's axes cut into the groups
+    #: ``P = shape[:c0], A = shape[c0:c1], Q = shape[c1:c2], B = shape[c2:c3], S = shape[c3:]`` (plain
+    #: Python, run once per leaf at setup); None leaves the leaf out: one unit per axis, ``count = 0``
+    geometry = staticmethod(default_geometry)
 
     _hypers: dict = {}
     _options: dict = {}
@@ -182,7 +205,7 @@ class Rule(metaclass=_RuleMeta):
                 states[name] = val
         cls._hypers, cls._options, cls._states = hypers, options, states
         if "step" in vars(cls):
-            _check_step(cls)
+            check_definition(cls)
         cls.__signature__ = _constructor_signature(cls)
 
     def __init__(self, *args, **kwargs):
@@ -291,7 +314,7 @@ class Rule(metaclass=_RuleMeta):
         if fp is not None:  # memoised per class: inspect.getsource costs ~1 ms per function
             return fp
         h = hashlib.sha256(cls.__qualname__.encode())
-        for fname in ("step", "prepare", "reduce", "finish"):
+        for fname in ("step", "prepare", "reduce", "finish", "geometry"):
             f = cls.__dict__.get(fname)
             if f is None:
                 for base in cls.__mro__[1:]:
@@ -373,82 +396,3 @@ def _constructor_signature(cls) -> inspect.Signature:
 
 def _rebuild(cls, values):
     return cls(**values)
-
-
-def function_source(f) -> str:
-    """Dedented source of a (static) method, without decorators."""
-    f = getattr(f, "__func__", f)
-    src = textwrap.dedent(inspect.getsource(f))
-    tree = ast.parse(src)
-    fn = tree.body[0]
-    fn.decorator_list = []
-    return ast.unparse(fn)
-
-
-def step_args(f) -> list:
-    f = getattr(f, "__func__", f)
-    return list(inspect.signature(f).parameters)
-
-
-def _free_names(f) -> set:
-    fn = ast.parse(function_source(f)).body[0]
-    args = {a.arg for a in fn.args.args}
-    assigned, used = set(), set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name):
-            (assigned if isinstance(node.ctx, ast.Store) else used).add(node.id)
-    return used - assigned - args
-
-
-def _check_step(cls):
-    """Fail at class creation (not at first compile) when a definition is malformed."""
-    known = set(cls._hypers) | set(cls._options) | set(cls.scalars) | set(cls.finals)
-    for fname in ("step", "reduce"):
-        f = cls.__dict__.get(fname)
-        if f is None:
-            continue
-        if not isinstance(f, staticmethod):
-            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
-        args = step_args(f)
-        if fname == "step":
-            if args[:2] != ["g", "x"]:
-                raise TypeError(f"{cls.__name__}.step must start with (g, x, ...), got {args}")
-            st = list(cls._states)
-            if args[2:2 + len(st)] != st:
-                raise TypeError(f"{cls.__name__}.step: after (g, x) come the states {st} in order; got {args}")
-            rest = args[2 + len(st):]
-        else:
-            if args[:2] != ["g", "x"]:
-                raise TypeError(f"{cls.__name__}.reduce must start with (g, x, ...), got {args}")
-            rest = args[2:]
-        bad = [a for a in rest if a not in known]
-        if bad:
-            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
-                            f"expected names among {sorted(known)}")
-        free = _free_names(f) - STEP_NAMESPACE
-        if free:
-            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
-                            f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
-    if cls.__dict__.get("reduce") is not None and not cls.reduce_ops:
-        raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
-    hyper_like = set(cls._hypers) | set(cls._options)
-    for fname, lead in (("prepare", 1), ("finish", None)):
-        f = cls.__dict__.get(fname)
-        if f is None:
-            continue
-        if not isinstance(f, staticmethod):
-            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
-        args = step_args(f)
-        if fname == "prepare":
-            if not args or args[0] != "t":
-                raise TypeError(f"{cls.__name__}.prepare must start with t, got {args}")
-            if not cls.scalars:
-                raise TypeError(f"{cls.__name__} defines prepare but does not name its results in `scalars`")
-        n_lead = lead if lead is not None else (len(cls.reduce_ops) if not callable(cls.reduce_ops) else 0)
-        bad = [a for a in args[n_lead:] if a not in hyper_like and not (lead is None and callable(cls.reduce_ops))]
-        if bad:
-            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; expected hyperparameter or "
-                            f"option names among {sorted(hyper_like)}")
-        free = _free_names(f) - STEP_NAMESPACE
-        if free:
-            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "isfinite", "hypot", "exp", "log",
+__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "imag", "number", "isfinite",
+           "hypot", "exp", "log",
            "one_minus_pow", "INF", "STEP_NAMESPACE"]
 
 INF = math.inf
@@ -57,6 +58,17 @@ def conj(a):
 def real(a):
     """The real part."""
     return a.real
+
+
+def imag(a):
+    """The imaginary part (0 for a real number)."""
+    return a.imag
+
+
+def number(re, im):
+    """The parameters' scalar ``re + i*im`` (``re`` for real parameters, where ``im`` is dropped): how a step
+    rebuilds a complex value from real totals (``Centralize``'s mean)."""
+    return complex(re, im) if im else re
 
 
 def isfinite(a):

@@ -27,18 +27,21 @@ class Group:
     """
 
     __slots__ = ("rule", "dtype", "layout", "arenas", "offsets", "sizes", "C", "hp", "members", "param_dtypes",
-                 "masters", "F", "P", "act", "act_all", "kern", "nbytes", "units")
+                 "masters", "F", "P", "act", "act_all", "kern", "nbytes", "units", "shapes")
 
     def __init__(self, rule, dtype, members, shapes, param_dtypes, masters=None, arenas=None):
         self.rule, self.dtype, self.members = rule, np.dtype(dtype), list(members)
         self.layout = layout = ChainLayout(rule)
         n = len(self.members)
+        self.shapes = [tuple(int(k) for k in s) for s in shapes]
         self.sizes = np.array([int(np.prod(s, dtype=np.int64)) for s in shapes], dtype=np.int64)
         self.offsets = np.zeros(n, dtype=np.int64)
         if n > 1:
             np.cumsum(self.sizes[:-1], out=self.offsets[1:])
         # ``arenas``: state arrays that exist already (load: the file's, checked there), else new ones
-        self.arenas = layout.new_state(int(self.sizes.sum()), self.dtype) if arenas is None else tuple(arenas)
+        # (axis reductions: then the unit-state arenas and the geometry table, one row per leaf)
+        self.arenas = (layout.new_state(int(self.sizes.sum()), self.dtype) + layout.new_units(self.shapes, self.dtype)
+                       if arenas is None else tuple(arenas))
         self.C = np.zeros((4, n), dtype=np.int64)
         self.hp = layout.hyper_vector(1, 1, self.dtype)
         self.param_dtypes = [np.dtype(d) for d in param_dtypes]
@@ -103,12 +106,14 @@ class Group:
     # core copies it under the tree's in-use guard first (see TreeCore.__reduce__).
     def __getstate__(self) -> dict:
         return {"rule": self.rule, "dtype": self.dtype.str, "members": self.members, "sizes": self.sizes,
+                "shapes": self.shapes,
                 "param_dtypes": [d.str for d in self.param_dtypes], "masters": self.masters, "arenas": self.arenas,
                 "C": self.C, "hp": self.hp}
 
     def __setstate__(self, d: dict) -> None:
         # dtypes by name: NumPy's own descriptor objects, which the fast path compares by identity
-        Group.__init__(self, d["rule"], np.dtype(d["dtype"]), d["members"], [(int(n),) for n in d["sizes"]],
+        shapes = d.get("shapes") or [(int(n),) for n in d["sizes"]]
+        Group.__init__(self, d["rule"], np.dtype(d["dtype"]), d["members"], shapes,
                        [np.dtype(t) for t in d["param_dtypes"]],
                        [None if m is None else np.array(m) for m in d["masters"]])
         for a, v in zip(self.arenas, d["arenas"], strict=True):
@@ -133,7 +138,15 @@ class TreeLeaf(Leaf):
         # weakly: the tree's core caches its leaf views, and a cycle would outlive the last reference
         self.core_ref = None if tree_core is None else weakref.ref(tree_core)
         self.shape = tuple(shape)
-        self.arrays = tuple(a[o:o + n] for a in group.arenas)
+        lay = group.layout
+        arrays = [a[o:o + n] for a in group.arenas[:lay.n_state]]
+        if lay.axis_rules:  # the unit states at their offsets (the geometry row says where), the geometry row
+            G = group.arenas[-1]
+            base = len(G[j]) - 2 * lay.n_unit
+            arrays += [a[G[j, base + 2 * u]:G[j, base + 2 * u] + G[j, base + 2 * u + 1]]
+                       for u, a in enumerate(group.arenas[lay.n_state:lay.n_state + lay.n_unit])]
+            arrays.append(G[j:j + 1])
+        self.arrays = tuple(arrays)
         self.fast = None
 
     rule = property(lambda self: self.group.rule, lambda self, v: None)
@@ -148,7 +161,10 @@ class TreeLeaf(Leaf):
     def copy(self) -> Leaf:
         """A detached :class:`numbaopt.Leaf` with a copy of this leaf's state."""
         m = self.master
-        return Leaf(self.rule, self.shape, self.param_dtype, arrays=[a.copy() for a in self.arrays],
+        arrays = [a.copy() for a in self.arrays]
+        if self.layout.axis_rules:  # a geometry row of its own (unit offsets 0)
+            arrays[-1] = self.layout.new_units([self.shape], self.dtype)[-1]
+        return Leaf(self.rule, self.shape, self.param_dtype, arrays=arrays,
                     hp=self.hp.copy(), counters=self.counters.copy(), master=None if m is None else m.copy())
 
     def detach(self) -> Leaf:

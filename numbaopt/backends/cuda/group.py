@@ -66,6 +66,7 @@ class DeviceGroup:
             if self.dtype.kind == "c" and not type(r).supports_complex:
                 raise TypeError(f"{type(r).__name__} does not support complex parameters (dtype {self.dtype})")
         self.layout = ChainLayout(rule)
+        self.layout.refuse_axes("GPU parameters")
         n = len(shapes)
         self.ts = np.zeros(n, dtype=np.int64) + np.asarray(t, dtype=np.int64)
         self.skips = np.zeros(n, dtype=np.int64) + np.asarray(skipped, dtype=np.int64)

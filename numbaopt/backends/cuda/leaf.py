@@ -34,6 +34,7 @@ class DeviceLeaf(Leaf):
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None):
         from ...compiler import ChainLayout
         layout = ChainLayout(rule)
+        layout.refuse_axes("a GPU parameter")
         size = int(np.prod(shape, dtype=np.int64))
         if arrays is None:
             arrays = device_state(layout, dtype, size)

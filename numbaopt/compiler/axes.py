@@ -1,0 +1,153 @@
+"""Generated-code pieces of axis reductions (rules with ``axes``, see :mod:`numbaopt.rules.base`).
+
+A leaf of a chain with axis members is stepped through a loop over its geometry: the leaf is viewed as
+``(P, A, Q, B, S)`` (the first axis member's ``geometry``), five nested loops give each element its flat index
+``i`` and, per axis member ``r``, the index of its unit in each of its axes (``ri{r}``, ``ci{r}``, ``bi{r}``).
+An axis member's *phase* is a dry pass (the chain up to it, nothing written) that sums its contributions per
+unit into float64 totals, then ``finish`` per unit into the arrays of finals ``UF{r}_{axis}_{m}`` (float64)
+and the new unit states ``NU{u}`` (written with the parameter, after every check). The state arrays of a
+leaf are the element states, the unit states ``{prefix}u{u}`` and the geometry row ``{prefix}g`` (int64,
+:meth:`.layout.ChainLayout.new_units`).
+"""
+from __future__ import annotations
+
+from .elements import call_args, element_lines, finish_call
+from .layout import GEO, ChainLayout, reduce_ops
+
+__all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction"]
+
+_DIMS = ("P", "A", "Q", "B", "S", "act")
+
+
+def array_names(layout: ChainLayout, prefix: str) -> list:
+    """The names of a leaf's state arrays in the kernels: element, unit, geometry."""
+    out = [f"{prefix}{k}" for k in range(layout.n_state)]
+    if layout.axis_rules:
+        out += [f"{prefix}u{u}" for u in range(layout.n_unit)] + [f"{prefix}g"]
+    return out
+
+
+def _geo(layout, q: int, G: str) -> list:
+    """``gP{q} = <G>[..]`` ... for axis member number q (G is a format string with ``{}`` for the column)."""
+    return [f"g{d}{q} = {G.format(GEO * q + k)}" for k, d in enumerate(_DIMS)]
+
+
+def geo_loop(layout: ChainLayout, body: list, indent: str, G: str) -> list:
+    """``body`` (unindented lines) inside the loops over the first axis member's geometry, with ``i`` and every
+    axis member's unit indices defined; ``G`` reads the geometry row (``"Sg[0, {}]"``)."""
+    L = []
+    for q in range(len(layout.axis_rules)):
+        L += [f"{indent}{line}" for line in _geo(layout, q, G)]
+    ind = [indent + "    " * k for k in range(6)]
+    L += [f"{ind[0]}for _p in range(gP0):", f"{ind[1]}for _a in range(gA0):", f"{ind[2]}for _q in range(gQ0):",
+          f"{ind[3]}for _b in range(gB0):",
+          f"{ind[4]}_ib = (((_p * gA0 + _a) * gQ0 + _q) * gB0 + _b) * gS0",
+          f"{ind[4]}_ir = ((_p * gA0 + _a) * gQ0 + _q) * gS0",
+          f"{ind[4]}_ic = ((_p * gQ0 + _q) * gB0 + _b) * gS0",
+          f"{ind[4]}_it = (_p * gQ0 + _q) * gS0",
+          f"{ind[4]}for _s in range(gS0):", f"{ind[5]}i = _ib + _s"]
+    for q, r in enumerate(layout.axis_rules):
+        axes = type(layout.rules[r]).axes
+        if q == 0:
+            src = {"rows": "_ir + _s", "cols": "_ic + _s", "batch": "_it + _s"}
+        else:  # another member's view of the same element: its indices from i
+            L += [f"{ind[5]}_s{q} = i % gS{q}", f"{ind[5]}_t{q} = i // gS{q}", f"{ind[5]}_b{q} = _t{q} % gB{q}",
+                  f"{ind[5]}_t{q} = _t{q} // gB{q}", f"{ind[5]}_q{q} = _t{q} % gQ{q}",
+                  f"{ind[5]}_t{q} = _t{q} // gQ{q}",
+                  f"{ind[5]}_a{q} = _t{q} % gA{q}", f"{ind[5]}_p{q} = _t{q} // gA{q}"]
+            src = {"rows": f"((_p{q} * gA{q} + _a{q}) * gQ{q} + _q{q}) * gS{q} + _s{q}",
+                   "cols": f"((_p{q} * gQ{q} + _q{q}) * gB{q} + _b{q}) * gS{q} + _s{q}",
+                   "batch": f"(_p{q} * gQ{q} + _q{q}) * gS{q} + _s{q}"}
+        L += [f"{ind[5]}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
+    return L + [f"{ind[5]}{line}" for line in body]
+
+
+def _units(q: int, axis: str) -> str:
+    """The number of units of ``axis`` of axis member number q (1 when its geometry leaves the leaf out)."""
+    n = {"rows": f"gP{q} * gA{q} * gQ{q} * gS{q}", "cols": f"gP{q} * gQ{q} * gB{q} * gS{q}",
+         "batch": f"gP{q} * gQ{q} * gS{q}"}[axis]
+    return f"(({n}) if gact{q} != 0 else 1)"
+
+
+def _count(q: int, axis: str) -> str:
+    """The number of elements in one unit of ``axis`` (0 when the geometry leaves the leaf out)."""
+    n = {"rows": f"gB{q}", "cols": f"gA{q}", "batch": f"gA{q} * gB{q}"}[axis]
+    return f"np.float64(({n}) * gact{q})"
+
+
+def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> list:
+    """Axis member r's dry pass and ``finish``: the per-unit finals ``UF{r}_{axis}_{m}`` and new unit states
+    ``NU{u}``. ``dtype_of(u)`` names the dtype of unit state u (its array's, e.g. ``"Su0.dtype"``)."""
+    rule = layout.rules[r]
+    cls = type(rule)
+    q = layout.axis_rules.index(r)
+    ops = reduce_ops(rule)
+    L = [f"{indent}{line}" for line in _geo(layout, q, G)]
+    for a in cls.axes:
+        L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
+              for c, op in enumerate(ops)]
+    body = ["gi = g[i]", "xi = x[i]"]
+    body += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+    body.append(_contributions(layout, r))
+    for a in cls.axes:
+        for c, op in enumerate(ops):
+            t = f"T{r}_{a}_{c}[{a[0]}i{r}]"
+            body.append(f"{t} += np.float64(c{c})" if op == "sum" else f"{t} = max({t}, np.float64(c{c}))")
+    L += [f"{indent}if gact{q} != 0:"] + geo_loop(layout, body, indent + "    ", G)
+    nf = len(cls.finals)
+    for a in cls.axes:
+        us = layout.unit_slots[r].get(a, [])
+        L += [f"{indent}UF{r}_{a}_{m} = np.empty({_units(q, a)}, np.float64)" for m in range(nf)]
+        L += [f"{indent}NU{u} = np.empty({_units(q, a)}, {dtype_of(u)})" for u in us]
+        accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
+        outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
+        L += [f"{indent}for _u in range({_units(q, a)}):",
+              f"{indent}    {', '.join(outs)}, = {finish_call(layout, r, accs)}"]
+        L += [f"{indent}    UF{r}_{a}_{m}[_u] = _v{m}" for m in range(nf)]
+        L += [f"{indent}    NU{u}[_u] = _w{k}" for k, u in enumerate(us)]
+    return L
+
+
+def _contributions(layout, r) -> str:
+    """``c0, c1, ... = reduce_t_{r}(d, xi, ...)``: member r's contributions for this element."""
+    n = len(reduce_ops(layout.rules[r]))
+    return f"{', '.join(f'c{c}' for c in range(n))}, = reduce_t_{r}({call_args(layout, r, 'reduce', ['d', 'xi'])})"
+
+
+def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str) -> list:
+    """A leaf-scope reduction's dry pass (``acc{r}_{c}``) over the geometry loop: for a reduction after an axis
+    member, whose elements read their units' finals (serial, one accumulator per contribution)."""
+    ops = reduce_ops(layout.rules[r])
+    L = [f"{indent}acc{r}_{c} = {'0.0' if op == 'sum' else '-INF'}" for c, op in enumerate(ops)]
+    body = ["gi = g[i]", "xi = x[i]"] + element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+    body.append(_contributions(layout, r))
+    for c, op in enumerate(ops):
+        a = f"acc{r}_{c}"
+        body.append(f"{a} += np.float64(c{c})" if op == "sum" else f"{a} = max({a}, np.float64(c{c}))")
+    return L + geo_loop(layout, body, indent, G)
+
+
+def unit_views(layout: ChainLayout, arena: str, out: str, G: str, indent: str) -> list:
+    """Leaf j's unit states in the tree kernels: ``{out}u{u} = {arena}u{u}[offset:offset + size]``."""
+    base = GEO * len(layout.axis_rules)
+    out_lines = []
+    for u in range(layout.n_unit):
+        off, size = G.format(base + 2 * u), G.format(base + 2 * u + 1)
+        out_lines.append(f"{indent}{out}u{u} = {arena}u{u}[{off}:{off} + {size}]")
+    return out_lines
+
+
+def unit_writes(layout: ChainLayout, W: str, indent: str) -> list:
+    """Write the new unit states ``NU{u}`` into ``{W}u{u}`` (after the element pass)."""
+    L = []
+    for u in range(layout.n_unit):
+        L += [f"{indent}for _u in range(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
+    return L
+
+
+def unit_copies(layout: ChainLayout, src: str, dst: str, indent: str) -> list:
+    """Copy the unit states ``{src}u{u}`` into ``{dst}u{u}`` (a pure step that changes nothing)."""
+    L = []
+    for u in range(layout.n_unit):
+        L += [f"{indent}for _u in range({src}u{u}.shape[0]):", f"{indent}    {dst}u{u}[_u] = {src}u{u}[_u]"]
+    return L

@@ -1,0 +1,137 @@
+"""Checks of a rule's definition, run when its class is created (not at first compile): the functions the
+generator copies, their arguments and the names their bodies use, and the extra rules of an axis reduction."""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+from .ops import STEP_NAMESPACE
+
+__all__ = ["function_source", "step_args", "check_definition", "units_per_axis", "AXES"]
+
+#: the units of an axis reduction, for a leaf viewed (by its rule's ``geometry``) as ``(P, A, Q, B, S)``, the
+#: leaf's axes cut into five consecutive groups: ``rows`` are the ``(p, a, q, s)`` (a sum over the B axes),
+#: ``cols`` the ``(p, q, b, s)`` (a sum over the A axes), ``batch`` the ``(p, q, s)`` (a sum over both)
+AXES = ("rows", "cols", "batch")
+
+
+def function_source(f) -> str:
+    """Dedented source of a (static) method, without decorators."""
+    f = getattr(f, "__func__", f)
+    src = textwrap.dedent(inspect.getsource(f))
+    tree = ast.parse(src)
+    fn = tree.body[0]
+    fn.decorator_list = []
+    return ast.unparse(fn)
+
+
+def step_args(f) -> list:
+    f = getattr(f, "__func__", f)
+    return list(inspect.signature(f).parameters)
+
+
+def _free_names(f) -> set:
+    fn = ast.parse(function_source(f)).body[0]
+    args = {a.arg for a in fn.args.args}
+    assigned, used = set(), set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name):
+            (assigned if isinstance(node.ctx, ast.Store) else used).add(node.id)
+    return used - assigned - args
+
+
+def check_definition(cls):
+    """Fail at class creation (not at first compile) when a definition is malformed."""
+    axes = tuple(cls.axes)
+    if axes:
+        _check_axes(cls, axes)
+        fin = {f"{f}_{a}" for f in cls.finals for a in axes}
+    else:
+        fin = set(cls.finals)
+    known = set(cls._hypers) | set(cls._options) | set(cls.scalars) | fin
+    for fname in ("step", "reduce"):
+        f = cls.__dict__.get(fname)
+        if f is None:
+            continue
+        if not isinstance(f, staticmethod):
+            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
+        args = step_args(f)
+        if fname == "step":
+            if args[:2] != ["g", "x"]:
+                raise TypeError(f"{cls.__name__}.step must start with (g, x, ...), got {args}")
+            st = [n for n, d in cls._states.items() if d.axis is None]
+            if args[2:2 + len(st)] != st:
+                raise TypeError(f"{cls.__name__}.step: after (g, x) come the states {st} in order; got {args}")
+            rest = args[2 + len(st):]
+        else:
+            if args[:2] != ["g", "x"]:
+                raise TypeError(f"{cls.__name__}.reduce must start with (g, x, ...), got {args}")
+            rest = args[2:]
+        bad = [a for a in rest if a not in known]
+        if bad:
+            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
+                            f"expected names among {sorted(known)}")
+        free = _free_names(f) - STEP_NAMESPACE
+        if free:
+            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
+                            f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
+    if cls.__dict__.get("reduce") is not None and not cls.reduce_ops:
+        raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
+    hyper_like = set(cls._hypers) | set(cls._options)
+    for fname, lead in (("prepare", 1), ("finish", None)):
+        f = cls.__dict__.get(fname)
+        if f is None:
+            continue
+        if not isinstance(f, staticmethod):
+            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
+        args = step_args(f)
+        if fname == "prepare":
+            if not args or args[0] != "t":
+                raise TypeError(f"{cls.__name__}.prepare must start with t, got {args}")
+            if not cls.scalars:
+                raise TypeError(f"{cls.__name__} defines prepare but does not name its results in `scalars`")
+        n_lead = lead if lead is not None else (len(cls.reduce_ops) if not callable(cls.reduce_ops) else 0)
+        if fname == "finish" and axes:  # the totals, then count, then this axis's unit states
+            n_lead += 1 + units_per_axis(cls)
+            if args[len(cls.reduce_ops):len(cls.reduce_ops) + 1] != ["count"]:
+                raise TypeError(f"{cls.__name__}.finish of an axis reduction takes (<{len(cls.reduce_ops)} totals>, "
+                                f"count, <{units_per_axis(cls)} unit states>, <hyperparameters>), got {args}")
+        ok = hyper_like | (set(cls.scalars) if fname == "finish" and axes else set())  # axis: per-step scalars too
+        bad = [a for a in args[n_lead:] if a not in ok and not (lead is None and callable(cls.reduce_ops))]
+        if bad:
+            raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; expected hyperparameter or "
+                            f"option names among {sorted(hyper_like)}")
+        free = _free_names(f) - STEP_NAMESPACE
+        if free:
+            raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")
+
+
+def units_per_axis(cls) -> int:
+    """The number of unit states each axis of ``cls`` has (the same for every axis: one ``finish`` serves all)."""
+    per = [sum(1 for d in cls._states.values() if d.axis == a) for a in cls.axes]
+    return per[0] if per else 0
+
+
+def _check_axes(cls, axes):
+    """The extra rules of an axis reduction (checked at class creation)."""
+    name = cls.__name__
+    if len(set(axes)) != len(axes) or not set(axes) <= set(AXES):
+        raise TypeError(f"{name}.axes={axes!r}; expected distinct names among {AXES}")
+    if getattr(cls, "reduce", None) is None or getattr(cls, "finish", None) is None:
+        raise TypeError(f"{name}: an axis reduction needs reduce, reduce_ops and finish")
+    if callable(cls.reduce_ops) or any(op not in ("sum", "max") for op in cls.reduce_ops):
+        raise TypeError(f"{name}.reduce_ops={cls.reduce_ops!r}; an axis reduction takes a tuple of 'sum'/'max'")
+    if cls.scope != "leaf":
+        raise TypeError(f"{name}: an axis reduction is per unit of a leaf; scope must be 'leaf'")
+    if {"error", "skip"} & set(cls.finals):
+        raise TypeError(f"{name}: an axis reduction cannot refuse or skip a step (finals 'error'/'skip')")
+    stray = [n for n, d in cls._states.items() if d.axis is not None and d.axis not in axes]
+    if stray:
+        raise TypeError(f"{name}: unit state(s) {stray} on an axis not in axes={axes!r}")
+    per = [sum(1 for d in cls._states.values() if d.axis == a) for a in axes]
+    if len(set(per)) > 1:
+        raise TypeError(f"{name}: every axis needs the same number of unit states (one finish serves all); "
+                        f"got {dict(zip(axes, per))}")
+    if any(d.when is not None for d in cls._states.values() if d.axis is not None):
+        raise TypeError(f"{name}: unit states cannot be optional (when=...)")
