@@ -18,10 +18,12 @@ from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available
 from .backends.state import Leaf, StateInUseError
 from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
 from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
+from .evaluation import eval_params
 from .plateau import ReduceOnPlateau
 from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
                     Chain, ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB,
-                    Centralize, AdaptiveGradClip, ScaleByFactoredRMS, ScaleByParamBlockRMS, Adafactor,
+                    Centralize, AdaptiveGradClip, ScaleByFactoredRMS, ScaleByParamBlockRMS, Adafactor, NovoGrad,
+                    ScheduleFree, ScheduleFreeSGD, ScheduleFreeAdamW, ParamAverage,
                     LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
                     NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
                     SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
@@ -47,8 +49,8 @@ __all__ = [
     "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan", "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB",
     "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
     "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize", "AdaptiveGradClip",
-    "ScaleByFactoredRMS",
-    "ScaleByParamBlockRMS", "Adafactor", "AccumGrad", "MixedPrecision",
+    "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree", "ScheduleFreeSGD",
+    "ScheduleFreeAdamW", "ParamAverage", "eval_params", "AccumGrad", "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",

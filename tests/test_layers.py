@@ -10,7 +10,8 @@ PKG = os.path.join(ROOT, "numbaopt")
 
 #: the layers, lowest first: a module may import from its own layer and the ones before it
 LAYERS = ["numbaopt.schedules", "numbaopt.rules", "numbaopt.compiler", "numbaopt.backends", "numbaopt.tree",
-          "numbaopt.api", ("numbaopt.loops", "numbaopt.persist", "numbaopt.docs", "numbaopt.plateau"),
+          "numbaopt.api", ("numbaopt.loops", "numbaopt.persist", "numbaopt.docs", "numbaopt.plateau",
+                           "numbaopt.evaluation"),
           ("numbaopt.mpi", "numbaopt.quantum"), "numbaopt"]
 MAX_LINES = 500
 

@@ -32,34 +32,56 @@ def _geo(layout, q: int, G: str) -> list:
     return [f"g{d}{q} = {G.format(GEO * q + k)}" for k, d in enumerate(_DIMS)]
 
 
-def geo_loop(layout: ChainLayout, body: list, indent: str, G: str) -> list:
+def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None) -> list:
     """``body`` (unindented lines) inside the loops over the first axis member's geometry, with ``i`` and every
-    axis member's unit indices defined; ``G`` reads the geometry row (``"Sg[0, {}]"``)."""
+    axis member's unit indices defined; ``G`` reads the geometry row (``"Sg[0, {}]"``). ``hoist(form)`` gives
+    ``(before, each, after)`` lines for the forms ``"leaf"``, ``"matrix"``, ``"general"``: ``each`` runs after
+    ``body`` for every element, ``before``/``after`` around the innermost loop (sums whose unit does not change
+    along it are kept in a local there, not in memory: no store-to-load chain per element)."""
+    hoist = hoist or (lambda form: ([], [], []))
     L = []
     for q in range(len(layout.axis_rules)):
         L += [f"{indent}{line}" for line in _geo(layout, q, G)]
-    ind = [indent + "    " * k for k in range(6)]
-    L += [f"{ind[0]}for _p in range(gP0):", f"{ind[1]}for _a in range(gA0):", f"{ind[2]}for _q in range(gQ0):",
-          f"{ind[3]}for _b in range(gB0):",
-          f"{ind[4]}_ib = (((_p * gA0 + _a) * gQ0 + _q) * gB0 + _b) * gS0",
-          f"{ind[4]}_ir = ((_p * gA0 + _a) * gQ0 + _q) * gS0",
-          f"{ind[4]}_ic = ((_p * gQ0 + _q) * gB0 + _b) * gS0",
-          f"{ind[4]}_it = (_p * gQ0 + _q) * gS0",
-          f"{ind[4]}for _s in range(gS0):", f"{ind[5]}i = _ib + _s"]
+    i1, i2, i3 = indent + "    ", indent + "        ", indent + "            "
+    # three forms of the loop, chosen per leaf: the common views keep a long contiguous innermost loop
+    pre, each, post = hoist("leaf")
+    L += [f"{indent}if gP0 == 1 and gQ0 == 1 and gS0 == 1 and gB0 == 1:"]  # one unit of cols/batch (whole leaf)
+    L += [f"{i1}{x}" for x in pre] + [f"{i1}for i in range(gA0):"]
+    L += _indexed(layout, {"rows": "i", "cols": "0", "batch": "0"}, body + each, i2) + [f"{i1}{x}" for x in post]
+    pre, each, post = hoist("matrix")
+    L += [f"{indent}elif gP0 == 1 and gQ0 == 1 and gS0 == 1:",  # a matrix: rows x cols
+          f"{i1}for _a in range(gA0):"] + [f"{i2}{x}" for x in pre]
+    L += [f"{i2}for _b in range(gB0):", f"{i3}i = _a * gB0 + _b"]
+    L += _indexed(layout, {"rows": "_a", "cols": "_b", "batch": "0"}, body + each, i3) + [f"{i2}{x}" for x in post]
+    _, each, _ = hoist("general")
+    ind = [indent + "    " * k for k in range(7)]
+    L += [f"{indent}else:", f"{ind[1]}for _p in range(gP0):", f"{ind[2]}for _a in range(gA0):",
+          f"{ind[3]}for _q in range(gQ0):", f"{ind[4]}for _b in range(gB0):",
+          f"{ind[5]}_ib = (((_p * gA0 + _a) * gQ0 + _q) * gB0 + _b) * gS0",
+          f"{ind[5]}_ir = ((_p * gA0 + _a) * gQ0 + _q) * gS0",
+          f"{ind[5]}_ic = ((_p * gQ0 + _q) * gB0 + _b) * gS0",
+          f"{ind[5]}_it = (_p * gQ0 + _q) * gS0",
+          f"{ind[5]}for _s in range(gS0):", f"{ind[6]}i = _ib + _s"]
+    return L + _indexed(layout, {"rows": "_ir + _s", "cols": "_ic + _s", "batch": "_it + _s"}, body + each, ind[6])
+
+
+def _indexed(layout, first: dict, body: list, ind: str) -> list:
+    """``body`` after the unit indices of every axis member: the first member's from ``first`` (its loop's
+    names), the others' from ``i`` and their own geometry."""
+    L = []
     for q, r in enumerate(layout.axis_rules):
         axes = type(layout.rules[r]).axes
         if q == 0:
-            src = {"rows": "_ir + _s", "cols": "_ic + _s", "batch": "_it + _s"}
+            src = first
         else:  # another member's view of the same element: its indices from i
-            L += [f"{ind[5]}_s{q} = i % gS{q}", f"{ind[5]}_t{q} = i // gS{q}", f"{ind[5]}_b{q} = _t{q} % gB{q}",
-                  f"{ind[5]}_t{q} = _t{q} // gB{q}", f"{ind[5]}_q{q} = _t{q} % gQ{q}",
-                  f"{ind[5]}_t{q} = _t{q} // gQ{q}",
-                  f"{ind[5]}_a{q} = _t{q} % gA{q}", f"{ind[5]}_p{q} = _t{q} // gA{q}"]
+            L += [f"{ind}_s{q} = i % gS{q}", f"{ind}_t{q} = i // gS{q}", f"{ind}_b{q} = _t{q} % gB{q}",
+                  f"{ind}_t{q} = _t{q} // gB{q}", f"{ind}_q{q} = _t{q} % gQ{q}", f"{ind}_t{q} = _t{q} // gQ{q}",
+                  f"{ind}_a{q} = _t{q} % gA{q}", f"{ind}_p{q} = _t{q} // gA{q}"]
             src = {"rows": f"((_p{q} * gA{q} + _a{q}) * gQ{q} + _q{q}) * gS{q} + _s{q}",
                    "cols": f"((_p{q} * gQ{q} + _q{q}) * gB{q} + _b{q}) * gS{q} + _s{q}",
                    "batch": f"(_p{q} * gQ{q} + _q{q}) * gS{q} + _s{q}"}
-        L += [f"{ind[5]}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
-    return L + [f"{ind[5]}{line}" for line in body]
+        L += [f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
+    return L + [f"{ind}{line}" for line in body]
 
 
 def _units(q: int, axis: str) -> str:
@@ -86,18 +108,32 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
     for a in cls.axes:
         L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
               for c, op in enumerate(ops)]
-    body = ["gi = g[i]", "xi = x[i]"]
-    body += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
-    body.append(_contributions(layout, r))
-    for a in cls.axes:
-        for c, op in enumerate(ops):
-            t = f"T{r}_{a}_{c}[{a[0]}i{r}]"
-            body.append(f"{t} += np.float64(c{c})" if op == "sum" else f"{t} = max({t}, np.float64(c{c}))")
-    L += [f"{indent}if gact{q} != 0:"] + geo_loop(layout, body, indent + "    ", G)
+    if ops:  # the dry pass (a rule without contributions renews its unit states from nothing but them)
+        body = ["gi = g[i]", "xi = x[i]"]
+        body += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+        body.append(_contributions(layout, r))
+
+        def hoist(form):
+            # the first member's sums whose unit is constant along the innermost loop go through locals
+            local = {"leaf": ("cols", "batch"), "matrix": ("rows", "batch")}.get(form, ()) if q == 0 else ()
+            before, each, after = [], [], []
+            for a in cls.axes:
+                for c, op in enumerate(ops):
+                    t, h = f"T{r}_{a}_{c}[{a[0]}i{r}]", f"_h{a[0]}{c}"
+                    if a in local:
+                        before.append(f"{h} = {'0.0' if op == 'sum' else '-INF'}")
+                        each.append(f"{h} += np.float64(c{c})" if op == "sum" else f"{h} = max({h}, np.float64(c{c}))")
+                        u = f"T{r}_{a}_{c}[{'_a' if a == 'rows' else '0'}]"  # the unit of this row / leaf
+                        after.append(f"{u} += {h}" if op == "sum" else f"{u} = max({u}, {h})")
+                    else:
+                        each.append(f"{t} += np.float64(c{c})" if op == "sum" else f"{t} = max({t}, np.float64(c{c}))")
+            return before, each, after
+        L += [f"{indent}if gact{q} != 0:"] + geo_loop(layout, body, indent + "    ", G, hoist)
     nf = len(cls.finals)
     for a in cls.axes:
         us = layout.unit_slots[r].get(a, [])
-        L += [f"{indent}UF{r}_{a}_{m} = np.empty({_units(q, a)}, np.float64)" for m in range(nf)]
+        # in the compute precision: the step reads them as _R, so rounding here is the same rounding
+        L += [f"{indent}UF{r}_{a}_{m} = np.empty({_units(q, a)}, _R)" for m in range(nf)]
         L += [f"{indent}NU{u} = np.empty({_units(q, a)}, {dtype_of(u)})" for u in us]
         accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]

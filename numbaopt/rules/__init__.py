@@ -9,7 +9,8 @@ from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, 
 from .base import Rule, hyper, option, state
 from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
 from .chain import Chain, chain
-from .factored import AdaptiveGradClip, Adafactor, Centralize, ScaleByFactoredRMS, ScaleByParamBlockRMS
+from .averaging import ParamAverage, ScheduleFree, ScheduleFreeAdamW, ScheduleFreeSGD
+from .factored import AdaptiveGradClip, Adafactor, Centralize, NovoGrad, ScaleByFactoredRMS, ScaleByParamBlockRMS
 from .clipping import (ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
                        NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
 from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
@@ -25,7 +26,8 @@ __all__ = [
     "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard",
     "SkipNonFinite",
     "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize",
-    "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "AccumGrad",
+    "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree",
+    "ScheduleFreeSGD", "ScheduleFreeAdamW", "ParamAverage", "AccumGrad",
     "MixedPrecision"
 ]
 

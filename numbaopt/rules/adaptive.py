@@ -11,7 +11,8 @@ __all__ = ["RMSProp", "Adam", "AdamW", "AdaGrad", "RAdam", "AdaMax", "OAdam", "A
 class RMSProp(Rule):
     """RMSProp: ``q = rho*q + (1-rho)*|g|^2``; centred also ``l = rho*l + (1-rho)*g``;
     ``d = lr * g / (sqrt(q - |l|^2) + eps)`` (eps outside the square root);
-    ``eps_in_sqrt=True``: ``d = lr * g / sqrt(q - |l|^2 + eps)`` (optax's default).
+    ``eps_in_sqrt=True``: ``d = lr * g / sqrt(q - |l|^2 + eps)`` (optax's default);
+    ``bias_correction=True`` divides ``q`` (and ``l``) by ``1 - rho^t`` first (optax's ``scale_by_rms`` option).
 
     Tieleman and Hinton, Lecture 6.5, 2012. https://www.cs.toronto.edu/~tijmen/csc321/slides/lecture_slides_lec6.pdf
     Examples
@@ -26,18 +27,24 @@ class RMSProp(Rule):
     eps = hyper(1e-8, low=0.0)
     centred = option(False)
     eps_in_sqrt = option(False, doc="optax convention: eps added under the square root")
+    bias_correction = option(False, doc="divide the moments by 1 - rho^t (optax's scale_by_rms option)")
     q = state(0.0, real=True)
     l = state(0.0, when="centred")
+    scalars = ("bc",)
     torch = "RMSprop(lr, alpha=rho, eps, centered) (eps_in_sqrt=False)"
     optax = "rmsprop(lr, decay=rho, eps, centered): eps_in_sqrt=True (optax's default)"
 
     @staticmethod
-    def step(g, x, q, l, lr, rho, eps, centred, eps_in_sqrt):
+    def prepare(t, rho):
+        return (one_minus_pow(rho, t),)
+
+    @staticmethod
+    def step(g, x, q, l, lr, rho, eps, centred, eps_in_sqrt, bias_correction, bc):
         q = rho * q + (1 - rho) * abs2(g)
-        s = q
+        s = q / bc if bias_correction else q
         if centred:
             l = rho * l + (1 - rho) * g
-            s = q - abs2(l)
+            s = (q - abs2(l)) if not bias_correction else q / bc - abs2(l / bc)
         if eps_in_sqrt:
             return lr * g / sqrt(s + eps), q, l
         return lr * g / (sqrt(s) + eps), q, l

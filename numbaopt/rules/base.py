@@ -39,7 +39,7 @@ from .ops import STEP_NAMESPACE
 from .spellings import unknown_keyword_message
 
 __all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "AXES", "is_scheduled",
-           "function_source", "step_args", "default_geometry"]
+           "function_source", "step_args", "default_geometry", "whole_leaf"]
 
 
 
@@ -48,6 +48,12 @@ def default_geometry(shape):
     rows), the others B (``(0, 1, 1, ndim)``; a row of a matrix is a unit of ``rows``); ``None`` for a 0-d
     leaf (no units: ``finish`` sees ``count = 0``)."""
     return None if len(shape) == 0 else (0, 1, 1, len(shape))
+
+
+def whole_leaf(shape):
+    """The view that makes the whole leaf one unit of ``batch`` (``(0, ndim, ndim, ndim)``): per-leaf state
+    (NovoGrad's per-layer second moment, schedule-free's weight sum)."""
+    return (0, len(shape), len(shape), len(shape))
 
 #: the domain of a decay rate: ``beta1 = hyper(0.9, **UNIT)`` is checked to lie in [0, 1)
 UNIT = dict(low=0.0, high=1.0, high_open=True)
@@ -184,6 +190,10 @@ class Rule(metaclass=_RuleMeta):
     #: ``P = shape[:c0], A = shape[c0:c1], Q = shape[c1:c2], B = shape[c2:c3], S = shape[c3:]`` (plain
     #: Python, run once per leaf at setup); None leaves the leaf out: one unit per axis, ``count = 0``
     geometry = staticmethod(default_geometry)
+    #: ``evaluate(x, <state names>, <hyper/option names>) -> x_eval`` (NumPy, on whole arrays): the parameters
+    #: to evaluate the model at when they differ from the trained ones (schedule-free, averaging); see
+    #: :func:`numbaopt.eval_params`. None: the trained parameters are the evaluation parameters
+    evaluate = None
 
     _hypers: dict = {}
     _options: dict = {}

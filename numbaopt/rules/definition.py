@@ -76,6 +76,14 @@ def check_definition(cls):
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
                             f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
+    ev = cls.__dict__.get("evaluate")
+    if ev is not None:
+        if not isinstance(ev, staticmethod):
+            raise TypeError(f"{cls.__name__}.evaluate must be a @staticmethod")
+        args = step_args(ev)
+        ok = set(cls._states) | set(cls._hypers) | set(cls._options)
+        if not args or args[0] != "x" or any(a not in ok for a in args[1:]):
+            raise TypeError(f"{cls.__name__}.evaluate takes (x, <state, hyperparameter or option names>), got {args}")
     if cls.__dict__.get("reduce") is not None and not cls.reduce_ops:
         raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
     hyper_like = set(cls._hypers) | set(cls._options)
@@ -118,8 +126,9 @@ def _check_axes(cls, axes):
     name = cls.__name__
     if len(set(axes)) != len(axes) or not set(axes) <= set(AXES):
         raise TypeError(f"{name}.axes={axes!r}; expected distinct names among {AXES}")
-    if getattr(cls, "reduce", None) is None or getattr(cls, "finish", None) is None:
-        raise TypeError(f"{name}: an axis reduction needs reduce, reduce_ops and finish")
+    if getattr(cls, "finish", None) is None or (getattr(cls, "reduce", None) is None) != (not cls.reduce_ops):
+        raise TypeError(f"{name}: an axis reduction needs finish, and reduce with reduce_ops (or neither: per-unit "
+                        "state that finish renews without a pass over the elements)")
     if callable(cls.reduce_ops) or any(op not in ("sum", "max") for op in cls.reduce_ops):
         raise TypeError(f"{name}.reduce_ops={cls.reduce_ops!r}; an axis reduction takes a tuple of 'sum'/'max'")
     if cls.scope != "leaf":

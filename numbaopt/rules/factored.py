@@ -11,13 +11,13 @@ import numbers
 
 import numpy as np
 
-from .base import Rule, hyper, option, state
+from .base import Rule, hyper, option, state, whole_leaf
 from .basic import EMA, Descent, WeightDecay
 from .chain import chain
 from .clipping import ClipByBlockRMS
 from .ops import abs2, imag, number, real, sqrt
 
-__all__ = ["Centralize", "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor"]
+__all__ = ["Centralize", "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad"]
 
 
 class Centralize(Rule):
@@ -274,3 +274,52 @@ def Adafactor(lr=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=
     if weight_decay_rate is not None:
         members.append(WeightDecay(weight_decay_rate))
     return chain(*members)
+
+
+class NovoGrad(Rule):
+    """NovoGrad (optax's ``novograd``): a second moment per layer (array), ``nu = b2*nu + (1-b2)*||g||^2``
+    (``nu = ||g||^2`` at the first step), and ``m = b1*m + g / (sqrt(nu + eps_root) + eps) + weight_decay*x``,
+    ``d = lr * m``.
+
+    Ginsburg et al., "Stochastic Gradient Methods with Layer-wise Adaptive Moments for Training of Deep
+    Networks", 2019. https://arxiv.org/abs/1905.11286
+    Examples
+    --------
+    >>> x = np.array([3.0, 4.0]); state = no.setup(no.NovoGrad(lr=0.1), x)
+    >>> state, x = no.update_(state, x, np.array([3.0, 4.0]))   # ||g|| = 5: m = g / 5
+    >>> print(x.round(4))
+    [2.94 3.92]
+    """
+    lr = hyper(1e-3, low=0.0)
+    beta1 = hyper(0.9, low=0.0, high=1.0, high_open=True)
+    beta2 = hyper(0.25, low=0.0, high=1.0, high_open=True)
+    eps = hyper(1e-6, low=0.0)
+    eps_root = hyper(0.0, low=0.0)
+    weight_decay = hyper(0.0, low=0.0)
+    m = state(0.0)
+    nu = state(0.0, real=True, axis="batch")
+    axes = ("batch",)
+    reduce_ops = ("sum",)
+    finals = ("denom",)
+    scalars = ("first",)
+    geometry = staticmethod(whole_leaf)
+    torch = "(none)"
+    optax = "novograd(lr, b1, b2, eps, eps_root, weight_decay)"
+
+    @staticmethod
+    def prepare(t):
+        return (1.0 if t <= 1 else 0.0,)
+
+    @staticmethod
+    def reduce(g, x):
+        return abs2(g)
+
+    @staticmethod
+    def finish(total, count, nu, beta2, eps, eps_root, first):
+        nu = total if first != 0.0 else beta2 * nu + (1.0 - beta2) * total
+        return math.sqrt(nu + eps_root) + eps, nu
+
+    @staticmethod
+    def step(g, x, m, lr, beta1, weight_decay, denom_batch):
+        m = beta1 * m + g / denom_batch + weight_decay * x
+        return lr * m, m
