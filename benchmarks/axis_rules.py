@@ -43,6 +43,17 @@ RULES = {
 }
 
 
+#: beside Descent, serial: what one axis member costs on its own
+SERIAL = {
+    "Descent": lambda: no.Descent(1e-3),
+    "ClipByBlockRMS+Descent": lambda: no.chain(no.ClipByBlockRMS(1.0), no.Descent(1e-3)),
+    "Centralize+Descent": lambda: no.chain(no.Centralize(), no.Descent(1e-3)),
+    "NovoGrad": lambda: no.NovoGrad(1e-3),
+    "ScaleByFactoredRMS+Descent": lambda: no.chain(no.ScaleByFactoredRMS(min_dim_size_to_factor=2), no.Descent(1e-3)),
+    "AdaptiveGradClip+Descent": lambda: no.chain(no.AdaptiveGradClip(0.01), no.Descent(1e-3)),
+}
+
+
 def timed(cases: dict, rounds: int) -> dict:
     for f in cases.values():  # compile (or load from the disk cache) outside the timing
         f()
@@ -92,6 +103,25 @@ def main(argv=None) -> None:
         print(f"\n{label}\n| rule | ms | / Adam |\n|---|---|---|")
         for k, v in med.items():
             print(f"| {k} | {1e3 * v:.2f} | {v / med['Adam']:.2f} |")
+    serial_table(rng, args.rounds)
+
+
+def serial_table(rng, rounds: int) -> None:
+    old = no.set_parallel_threshold(1 << 40)
+    try:
+        for shape in ((1024, 1024), (128, 128, 8, 8)):
+            x = rng.standard_normal(shape).astype(np.float32)
+            g = rng.standard_normal(shape).astype(np.float32)
+            cases = {}
+            for name, make in SERIAL.items():
+                st, xx = no.setup(make(), x), x.copy()
+                cases[name] = (lambda st=st, xx=xx, g=g: no.update_(st, xx, g))
+            med = timed(cases, rounds)
+            print(f"\nserial, one {shape} array\n| rule | ms | / Descent |\n|---|---|---|")
+            for k, v in med.items():
+                print(f"| {k} | {1e3 * v:.2f} | {v / med['Descent']:.1f} |")
+    finally:
+        no.set_parallel_threshold(old)
 
 
 def _optax_case(model, grads):

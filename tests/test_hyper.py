@@ -271,7 +271,8 @@ def test_every_foreign_hint_applies_to_some_builtin_rule():
 # -- signatures ---------------------------------------------------------------------------------------
 def test_signatures_show_the_constructor():
     assert str(inspect.signature(no.Adam)) == "(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-08)"
-    assert str(inspect.signature(no.RMSProp)) == "(lr=0.001, rho=0.9, eps=1e-08, *, centred=False, eps_in_sqrt=False)"
+    assert str(inspect.signature(no.RMSProp)) == ("(lr=0.001, rho=0.9, eps=1e-08, *, centred=False, eps_in_sqrt=False, "
+                                                  "bias_correction=False)")
     assert str(inspect.signature(no.ClipGlobalNorm)).startswith("(max_norm=1.0, *, p=2.0")
     assert list(inspect.signature(no.AccumGrad).parameters)[:2] == ["n", "rule"]
     assert "master" in inspect.signature(no.MixedPrecision).parameters

@@ -18,6 +18,9 @@ __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes",
 
 _DIMS = ("P", "A", "Q", "B", "S", "act")
 
+#: partial sums of a reduction's dry pass over the geometry loop (a power of two)
+LANES = 4
+
 
 def array_names(layout: ChainLayout, prefix: str) -> list:
     """The names of a leaf's state arrays in the kernels: element, unit, geometry."""
@@ -152,15 +155,23 @@ def _contributions(layout, r) -> str:
 
 def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str) -> list:
     """A leaf-scope reduction's dry pass (``acc{r}_{c}``) over the geometry loop: for a reduction after an axis
-    member, whose elements read their units' finals (serial, one accumulator per contribution)."""
+    member, whose elements read their units' finals. Sums go to :data:`LANES` partial sums by element index (four
+    independent chains instead of one), combined pairwise in a fixed order: serial and deterministic."""
     ops = reduce_ops(layout.rules[r])
-    L = [f"{indent}acc{r}_{c} = {'0.0' if op == 'sum' else '-INF'}" for c, op in enumerate(ops)]
+    L = [f"{indent}_ln{r}_{c} = np.full({LANES}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
+         for c, op in enumerate(ops)]
     body = ["gi = g[i]", "xi = x[i]"] + element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
     body.append(_contributions(layout, r))
     for c, op in enumerate(ops):
-        a = f"acc{r}_{c}"
+        a = f"_ln{r}_{c}[i & {LANES - 1}]"
         body.append(f"{a} += np.float64(c{c})" if op == "sum" else f"{a} = max({a}, np.float64(c{c}))")
-    return L + geo_loop(layout, body, indent, G)
+    L += geo_loop(layout, body, indent, G)
+    for c, op in enumerate(ops):
+        a = [f"_ln{r}_{c}[{u}]" for u in range(LANES)]
+        while len(a) > 1:  # pairwise, in a fixed order
+            a = [(f"({a[k]} + {a[k + 1]})" if op == "sum" else f"max({a[k]}, {a[k + 1]})") for k in range(0, len(a), 2)]
+        L.append(f"{indent}acc{r}_{c} = {a[0]}")
+    return L
 
 
 def unit_views(layout: ChainLayout, arena: str, out: str, G: str, indent: str) -> list:

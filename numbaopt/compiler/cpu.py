@@ -299,11 +299,25 @@ def _reduce_phase(layout, r) -> list:
     return L + ["    return 0"]
 
 
+def _inline(layout) -> list:
+    """The reductions that ``apply`` does itself, per leaf, after the axis members' phases (as the one-array
+    kernels do): leaf-scope ones after an axis member that cannot refuse or skip a step. Done in ``reductions``,
+    their dry passes would compute the axis members' phases again."""
+    if not layout.axis_rules:
+        return []
+    first = min(layout.axis_rules)
+    return [r for r in layout.reducers if r > first and type(layout.rules[r]).scope == "leaf"
+            and not (_has(layout, r, "error") or _has(layout, r, "skip"))]
+
+
 def _reductions(layout) -> list:
     A = array_names(layout, "A")
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     L = ["@njit(cache=True, **_NJ)", f"def reductions({args}):"]
+    inline = _inline(layout)
     for r in layout.reducers:
+        if r in inline:
+            continue
         ops = reduce_ops(layout.rules[r])
         L.append(f"    partial_{r}({args})")
         if type(layout.rules[r]).scope == "tree":
@@ -344,7 +358,8 @@ def _apply(layout, outplace: bool) -> list:
     else:
         L += ["        if act[j] != 1:", "            continue"]
     L += _head(layout, "        ", out=outplace) + load_lines(layout, "        ", "t", "tp")
-    L += finals_lines(layout, layout.reducers, "        ", _fin_src(layout))
+    inline = _inline(layout)
+    L += finals_lines(layout, [r for r in layout.reducers if r not in inline], "        ", _fin_src(layout))
     pre, suf = _split(layout)
     for r in pre:
         if _has(layout, r, "skip"):
@@ -362,8 +377,15 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
             L += _loop(layout, "reset", "range", outplace, "            ")
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
-    for q in layout.axis_rules:
-        L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
+    for q in sorted(layout.axis_rules + inline):
+        if q in inline:  # a leaf reduction after an axis member: its dry pass and finish, here
+            accs = [f"acc{q}_{c}" for c in range(len(reduce_ops(layout.rules[q])))]
+            names = [f"g{q}_{n}" for n in type(layout.rules[q]).finals]
+            L += geo_reduction(layout, q, "        ", _TG)
+            L.append(f"        {', '.join(names)}, = {finish_call(layout, q, accs)}")
+            L += finals_lines(layout, [q], "        ", lambda r, m: f"g{r}_{type(layout.rules[r]).finals[m]}")
+        else:
+            L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
     L += _loop(layout, "full", "range", outplace, "        ", _TG)
     if outplace and layout.axis_rules:
         L += ["        for _k in range(Ag.shape[1]):", "            Bg[j, _k] = Ag[j, _k]"]

@@ -15,7 +15,7 @@ from .base import Rule, hyper, option, state, whole_leaf
 from .basic import EMA, Descent, WeightDecay
 from .chain import chain
 from .clipping import ClipByBlockRMS
-from .ops import abs2, imag, number, real, sqrt
+from .ops import abs2, imag, number, real
 
 __all__ = ["Centralize", "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad"]
 
@@ -182,7 +182,7 @@ class ScaleByFactoredRMS(Rule):
     v_mean = state(0.0, real=True, axis="batch")
     axes = ("rows", "cols", "batch")
     reduce_ops = ("sum",)
-    finals = ("v",)
+    finals = ("rsqrt",)  # 1/sqrt(v) per unit: the step multiplies (no square root per element)
     scalars = ("rho",)
     torch = "(torch.optim.Adafactor: another eps and step-size convention)"
     optax = "scale_by_factored_rms(factored, decay_rate, step_offset, min_dim_size_to_factor, eps)"
@@ -202,11 +202,12 @@ class ScaleByFactoredRMS(Rule):
     @staticmethod
     def finish(total, count, v, rho):
         v = rho * v + (1.0 - rho) * (total / count if count > 0.0 else 0.0)  # (an empty array's units)
-        return v, v
+        return 1.0 / math.sqrt(v), v
 
     @staticmethod
-    def step(g, x, v_rows, v_cols, v_batch):
-        return g / (sqrt(v_rows / v_batch) * sqrt(v_cols))
+    def step(g, x, rsqrt_rows, rsqrt_cols, rsqrt_batch):
+        # g / sqrt(v_row * v_col / v_mean)
+        return g * (rsqrt_rows * rsqrt_cols) / rsqrt_batch
 
 
 class ScaleByParamBlockRMS(Rule):
