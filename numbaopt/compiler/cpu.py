@@ -271,10 +271,9 @@ def _reduce_phase(layout, r) -> list:
     L += _head(layout, "        ") + load_lines(layout, "        ", "t", "tp")
     if layout.accum is not None and r > layout.accum:  # only the leaves completing their cycle
         L += [f"        if C[2, j] + 1 < h{layout.accum}_n:", "            continue"]
-    L += finals_lines(layout, [q for q in layout.reducers if q < r], "        ", _fin_src(layout))
-    for q in layout.axis_rules:  # the axis members before r: their finals (nothing written)
-        if q < r:
-            L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
+    inline = _inline(layout)
+    L += finals_lines(layout, [q for q in layout.reducers if q < r and q not in inline], "        ", _fin_src(layout))
+    L += _in_leaf(layout, r, "        ")  # the axis members (and inline reductions) before r: nothing written
     L += _lane_reduction(layout, r, "        ", _TG)
     L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(len(ops))] + [f"        P[j, {flag}] = 1.0"]
     L += ["    return 0", "", "", _PHASE, f"def combine_{r}(P, tot):",
@@ -308,6 +307,25 @@ def _inline(layout) -> list:
     first = min(layout.axis_rules)
     return [r for r in layout.reducers if r > first and type(layout.rules[r]).scope == "leaf"
             and not (_has(layout, r, "error") or _has(layout, r, "skip"))]
+
+
+def _in_leaf(layout, upto: int, ind: str) -> list:
+    """Per leaf, in chain order, the members before ``upto`` that the tree kernels compute where they are needed:
+    the axis members' phases and the inline reductions (dry pass, ``finish``, finals ``f{q}_...``)."""
+    inline = _inline(layout)
+    L = []
+    for q in sorted(layout.axis_rules + inline):
+        if q >= upto:
+            break
+        if q in inline:
+            accs = [f"acc{q}_{c}" for c in range(len(reduce_ops(layout.rules[q])))]
+            names = [f"g{q}_{n}" for n in type(layout.rules[q]).finals]
+            L += geo_reduction(layout, q, ind, _TG)
+            L.append(f"{ind}{', '.join(names)}, = {finish_call(layout, q, accs)}")
+            L += finals_lines(layout, [q], ind, lambda r, m: f"g{r}_{type(layout.rules[r]).finals[m]}")
+        else:
+            L += axis_phase(layout, q, ind, _TG, lambda u: f"Su{u}.dtype")
+    return L
 
 
 def _reductions(layout) -> list:
@@ -377,15 +395,7 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
             L += _loop(layout, "reset", "range", outplace, "            ")
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
-    for q in sorted(layout.axis_rules + inline):
-        if q in inline:  # a leaf reduction after an axis member: its dry pass and finish, here
-            accs = [f"acc{q}_{c}" for c in range(len(reduce_ops(layout.rules[q])))]
-            names = [f"g{q}_{n}" for n in type(layout.rules[q]).finals]
-            L += geo_reduction(layout, q, "        ", _TG)
-            L.append(f"        {', '.join(names)}, = {finish_call(layout, q, accs)}")
-            L += finals_lines(layout, [q], "        ", lambda r, m: f"g{r}_{type(layout.rules[r]).finals[m]}")
-        else:
-            L += axis_phase(layout, q, "        ", _TG, lambda u: f"Su{u}.dtype")
+    L += _in_leaf(layout, len(layout.rules), "        ")
     L += _loop(layout, "full", "range", outplace, "        ", _TG)
     if outplace and layout.axis_rules:
         L += ["        for _k in range(Ag.shape[1]):", "            Bg[j, _k] = Ag[j, _k]"]
