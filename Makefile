@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	# MPI from PyPI (no system MPI assumed): the MPICH library wheel, then mpi4py through the mpi extra
 	$(BIN)/python -m pip install -q "mpich>=4.2"
-	$(BIN)/python -m pip install -q -e ".[dev,progress,ref,plot,torch,jax,docs,typing,mpi,pennylane]"
+	$(BIN)/python -m pip install -q -e ".[dev,progress,ref,plot,torch,jax,docs,typing,mpi,pennylane,muon]"
 	touch $(STAMP)
 
 demo: $(STAMP)

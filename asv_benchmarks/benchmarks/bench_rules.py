@@ -62,6 +62,7 @@ AXIS_RULES = {
     "Adafactor": lambda: no.Adafactor(lr=1e-3),
     "Centralize+Adam": lambda: no.chain(no.Centralize(), no.Adam(1e-3)),
     "AdaptiveGradClip+Adam": lambda: no.chain(no.AdaptiveGradClip(0.01), no.Adam(1e-3)),
+    "Muon": lambda: no.Muon(0.02),
 }
 
 

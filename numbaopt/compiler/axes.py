@@ -11,7 +11,8 @@ leaf are the element states, the unit states ``{prefix}u{u}`` and the geometry r
 """
 from __future__ import annotations
 
-from .elements import call_args, element_lines, finish_call
+from ..rules.base import step_args
+from .elements import call_args, element_lines, finish_call, opt_literal
 from .layout import GEO, ChainLayout, reduce_ops
 
 __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction"]
@@ -83,7 +84,7 @@ def _indexed(layout, first: dict, body: list, ind: str) -> list:
             src = {"rows": f"((_p{q} * gA{q} + _a{q}) * gQ{q} + _q{q}) * gS{q} + _s{q}",
                    "cols": f"((_p{q} * gQ{q} + _q{q}) * gB{q} + _b{q}) * gS{q} + _s{q}",
                    "batch": f"(_p{q} * gQ{q} + _q{q}) * gS{q} + _s{q}"}
-        L += [f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
+        L += [f"{ind}{a[0]}i{r} = i" if a == "elements" else f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
     return L + [f"{ind}{line}" for line in body]
 
 
@@ -108,6 +109,8 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
     q = layout.axis_rules.index(r)
     ops = reduce_ops(rule)
     L = [f"{indent}{line}" for line in _geo(layout, q, G)]
+    if cls.matrix is not None:
+        return L + _matrix_phase(layout, r, q, indent, G)
     for a in cls.axes:
         L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
               for c, op in enumerate(ops)]
@@ -145,6 +148,19 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
         L += [f"{indent}    UF{r}_{a}_{m}[_u] = _v{m}" for m in range(nf)]
         L += [f"{indent}    NU{u}[_u] = _w{k}" for k, u in enumerate(us)]
     return L
+
+
+def _matrix_phase(layout, r, q, indent, G) -> list:
+    """A matrix rule's phase: its contributions into a matrix ``E{r}`` (A x B), then ``matrix`` on it gives the
+    per-element finals ``UF{r}_elements_0`` (nothing of the leaf written)."""
+    rule = layout.rules[r]
+    body = ["gi = g[i]", "xi = x[i]"] + element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
+    body += [_contributions(layout, r), f"E{r}[i] = c0"]
+    args = [f"h{r}_{n}" if n in rule._hypers else opt_literal(rule._values[n])
+            for n in step_args(type(rule).matrix)[1:]]
+    call = f"matrix_{r}({', '.join([f'E{r}.reshape((gA{q}, gB{q}))'] + args)})"
+    return ([f"{indent}E{r} = np.empty(gA{q} * gB{q}, _C)"] + geo_loop(layout, body, indent, G) +
+            [f"{indent}UF{r}_elements_0 = np.ascontiguousarray({call}).reshape(-1)"])
 
 
 def _contributions(layout, r) -> str:

@@ -16,6 +16,16 @@ __all__ = ["axis_finals", "renamed_source", "rule_functions", "element_lines", "
            "reduction_lines", "opt_literal", "call_args"]
 
 
+class _FloatLiterals(ast.NodeTransformer):
+    """Rewrite float literals to ``_R(literal)`` and leave integers (shapes, indices, ranges) alone: a matrix
+    rule's array code computes in the parameters' precision."""
+
+    def visit_Constant(self, node):
+        if type(node.value) is float:
+            return ast.Call(func=ast.Name("_R", ast.Load()), args=[node], keywords=[])
+        return node
+
+
 class _Literals(ast.NodeTransformer):
     """Rewrite numeric literals to ``_R(literal)``: Numba types bare literals as float64/int64."""
 
@@ -32,11 +42,14 @@ class _Literals(ast.NodeTransformer):
         return node
 
 
-def renamed_source(func, new_name: str, literals: bool) -> str:
-    """The source of a rule's function under ``new_name``; ``literals`` rewrites numbers to ``_R(...)``."""
+def renamed_source(func, new_name: str, literals) -> str:
+    """The source of a rule's function under ``new_name``; ``literals`` rewrites numbers to ``_R(...)``
+    (``"float"``: only float literals)."""
     fn = ast.parse(function_source(func)).body[0]
     fn.name = new_name
-    if literals:
+    if literals == "float":
+        fn = _FloatLiterals().visit(fn)
+    elif literals:
         fn = _Literals().visit(fn)
     ast.fix_missing_locations(fn)
     return ast.unparse(fn)
@@ -57,7 +70,8 @@ def rule_functions(layout: ChainLayout, decorator: str) -> list:
         cls = type(r)
         if cls.stage is not None:
             continue  # stages are implemented by the emitters themselves
-        for fname, literals in (("step", True), ("reduce", True), ("prepare", True), ("finish", False)):
+        for fname, literals in (("step", True), ("reduce", True), ("prepare", True), ("finish", False),
+                                ("matrix", "float")):
             f = getattr(cls, fname, None)
             if f is None or (fname == "prepare" and not cls.scalars):
                 continue
@@ -81,8 +95,11 @@ def call_args(layout: ChainLayout, r_i: int, fname: str, lead, state_vars=()) ->
     out = list(lead)
     rest = names[len(lead) + len(state_vars):] if fname == "step" else names[len(lead):]
     out += list(state_vars)
+    own = {d.name: k for d, k in layout.state_slots[r_i] if k is not None}
     for n in rest:
-        if n in rule._hypers:
+        if fname == "reduce" and n in own:  # a matrix rule's contribution reads its state at this element
+            out.append(f"S{own[n]}[i]")
+        elif n in rule._hypers:
             out.append(f"h{r_i}_{n}")
         elif n in rule._options:
             out.append(opt_literal(rule._values[n]))

@@ -219,6 +219,10 @@ class ChainLayout:
             opts = [rule._values[n] for n in _arg_names(cls.geometry)[1:]]
             cuts = cls.geometry(shape, *opts)
             if cuts is None:
+                if cls.matrix is not None:
+                    hint = getattr(cls, "fallback_hint", "a rule chooser")
+                    raise ValueError(f"{cls.__name__} steps matrices; a parameter of shape {shape} is not one "
+                                     f"(give other leaves another rule: {hint})")
                 out.append((1, size, 1, 1, 1, 0))
                 continue
             c = [int(v) for v in cuts]
@@ -227,6 +231,9 @@ class ChainLayout:
                                  f"0 <= c0 <= c1 <= c2 <= c3 <= {len(shape)} (or None)")
             bounds = [0, *c, len(shape)]
             dims = [int(np.prod(shape[bounds[k]:bounds[k + 1]], dtype=np.int64)) for k in range(5)]
+            if cls.matrix is not None and dims[0] * dims[2] * dims[4] != 1:
+                raise ValueError(f"{cls.__name__}.geometry({shape}) = {cuts!r}: a matrix rule views a leaf as one "
+                                 "matrix (the P, Q and S groups empty)")
             out.append((*dims, 1))
         return out
 

@@ -35,6 +35,11 @@ def _aliased(g, w):
 
 
 @njit(inline="always", **_NJ)
+def precision(a):
+    return _R(a)
+
+
+@njit(inline="always", **_NJ)
 def clamp(a, lo, hi):
     return min(max(a, lo), hi)
 

@@ -10,6 +10,7 @@ from .base import Rule, hyper, option, state
 from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
 from .chain import Chain, chain
 from .averaging import ParamAverage, ScheduleFree, ScheduleFreeAdamW, ScheduleFreeSGD
+from .matrix import Muon, muon
 from .factored import AdaptiveGradClip, Adafactor, Centralize, NovoGrad, ScaleByFactoredRMS, ScaleByParamBlockRMS
 from .clipping import (ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, KeepParamsNonNegative, NonFiniteGuard,
                        NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
@@ -27,7 +28,7 @@ __all__ = [
     "SkipNonFinite",
     "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize",
     "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree",
-    "ScheduleFreeSGD", "ScheduleFreeAdamW", "ParamAverage", "AccumGrad",
+    "ScheduleFreeSGD", "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "AccumGrad",
     "MixedPrecision"
 ]
 

@@ -194,6 +194,10 @@ class Rule(metaclass=_RuleMeta):
     #: to evaluate the model at when they differ from the trained ones (schedule-free, averaging); see
     #: :func:`numbaopt.eval_params`. None: the trained parameters are the evaluation parameters
     evaluate = None
+    #: a matrix rule (``axes = ("elements",)``): ``matrix(U, <hyper/option names>) -> O`` on the leaf's
+    #: contributions as a matrix (the geometry's A x B), compiled into the kernels (it may call ``np.dot``); the
+    #: step reads ``O`` at its element as ``<final>_elements`` (Muon's Newton-Schulz orthogonalisation)
+    matrix = None
 
     _hypers: dict = {}
     _options: dict = {}
@@ -324,7 +328,7 @@ class Rule(metaclass=_RuleMeta):
         if fp is not None:  # memoised per class: inspect.getsource costs ~1 ms per function
             return fp
         h = hashlib.sha256(cls.__qualname__.encode())
-        for fname in ("step", "prepare", "reduce", "finish", "geometry"):
+        for fname in ("step", "prepare", "reduce", "finish", "geometry", "matrix"):
             f = cls.__dict__.get(fname)
             if f is None:
                 for base in cls.__mro__[1:]:

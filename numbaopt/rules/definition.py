@@ -8,12 +8,14 @@ import textwrap
 
 from .ops import STEP_NAMESPACE
 
-__all__ = ["function_source", "step_args", "check_definition", "units_per_axis", "AXES"]
+__all__ = ["function_source", "step_args", "check_definition", "units_per_axis", "AXES", "ELEMENTS"]
 
 #: the units of an axis reduction, for a leaf viewed (by its rule's ``geometry``) as ``(P, A, Q, B, S)``, the
 #: leaf's axes cut into five consecutive groups: ``rows`` are the ``(p, a, q, s)`` (a sum over the B axes),
 #: ``cols`` the ``(p, q, b, s)`` (a sum over the A axes), ``batch`` the ``(p, q, s)`` (a sum over both)
 AXES = ("rows", "cols", "batch")
+#: the axis of a matrix rule (``matrix``): every element its own unit; the finals come from ``matrix``
+ELEMENTS = "elements"
 
 
 def function_source(f) -> str:
@@ -68,6 +70,8 @@ def check_definition(cls):
             if args[:2] != ["g", "x"]:
                 raise TypeError(f"{cls.__name__}.reduce must start with (g, x, ...), got {args}")
             rest = args[2:]
+            if getattr(cls, "matrix", None) is not None:  # a matrix rule's contribution may read its states
+                rest = [a for a in rest if not (a in cls._states and cls._states[a].axis is None)]
         bad = [a for a in rest if a not in known]
         if bad:
             raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
@@ -124,6 +128,9 @@ def units_per_axis(cls) -> int:
 def _check_axes(cls, axes):
     """The extra rules of an axis reduction (checked at class creation)."""
     name = cls.__name__
+    if getattr(cls, "matrix", None) is not None:
+        _check_matrix(cls, axes)
+        return
     if len(set(axes)) != len(axes) or not set(axes) <= set(AXES):
         raise TypeError(f"{name}.axes={axes!r}; expected distinct names among {AXES}")
     if getattr(cls, "finish", None) is None or (getattr(cls, "reduce", None) is None) != (not cls.reduce_ops):
@@ -144,3 +151,26 @@ def _check_axes(cls, axes):
                         f"got {dict(zip(axes, per))}")
     if any(d.when is not None for d in cls._states.values() if d.axis is not None):
         raise TypeError(f"{name}: unit states cannot be optional (when=...)")
+
+
+def _check_matrix(cls, axes):
+    """A matrix rule: ``axes = ("elements",)``, one ``"keep"`` contribution per element (``reduce``), one final
+    per element computed by ``matrix(U, <hyper/option names>)`` from the contributions as a matrix."""
+    name = cls.__name__
+    if axes != (ELEMENTS,) or tuple(cls.reduce_ops) != ("keep",) or len(cls.finals) != 1:
+        raise TypeError(f"{name}: a matrix rule has axes = ('elements',), reduce_ops = ('keep',) and one final")
+    if getattr(cls, "reduce", None) is None or getattr(cls, "finish", None) is not None:
+        raise TypeError(f"{name}: a matrix rule has reduce (its contribution per element) and no finish")
+    if any(d.axis is not None for d in cls._states.values()):
+        raise TypeError(f"{name}: a matrix rule has no unit states")
+    f = cls.__dict__.get("matrix")
+    if f is not None:
+        if not isinstance(f, staticmethod):
+            raise TypeError(f"{name}.matrix must be a @staticmethod")
+        args = step_args(f)
+        ok = set(cls._hypers) | set(cls._options)
+        if not args or any(a not in ok for a in args[1:]):
+            raise TypeError(f"{name}.matrix takes (U, <hyperparameter or option names>), got {args}")
+        free = _free_names(f) - STEP_NAMESPACE - {"range", "len"}  # array code loops
+        if free:
+            raise TypeError(f"{name}.matrix uses {sorted(free)}, which generated code cannot see")

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "imag", "number", "isfinite",
+__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "imag", "number", "precision", "isfinite",
            "hypot", "exp", "log",
            "one_minus_pow", "INF", "STEP_NAMESPACE"]
 
@@ -69,6 +69,12 @@ def number(re, im):
     """The parameters' scalar ``re + i*im`` (``re`` for real parameters, where ``im`` is dropped): how a step
     rebuilds a complex value from real totals (``Centralize``'s mean)."""
     return complex(re, im) if im else re
+
+
+def precision(a):
+    """``a`` as a real number of the parameters' precision (float32 for float32 parameters): how a matrix rule
+    keeps its array code in that precision (a float64 scalar times a float32 array is a float64 array)."""
+    return float(a)
 
 
 def isfinite(a):
