@@ -124,7 +124,7 @@ class _AnySize:
         return "any integer >= 0"
 
 
-class _Size(option):
+class SizeOption(option):
     """A compile-time non-negative integer (a size): any value, not a list of choices."""
 
     def __init__(self, default, doc=""):
@@ -176,7 +176,7 @@ class ScaleByFactoredRMS(Rule):
     step_offset = hyper(0.0, low=0.0, doc="the step at which a fine-tuning run restarts the decay schedule")
     eps = hyper(1e-30, low=0.0, doc="added to |g|^2")
     factored = option(True)
-    min_dim_size_to_factor = _Size(128, doc="factor only when the second-largest axis has this many entries")
+    min_dim_size_to_factor = SizeOption(128, doc="factor only when the second-largest axis has this many entries")
     v_row = state(0.0, real=True, axis="rows")
     v_col = state(0.0, real=True, axis="cols")
     v_mean = state(0.0, real=True, axis="batch")

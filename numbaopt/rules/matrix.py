@@ -12,7 +12,7 @@ import numpy as np
 
 from .adaptive import Adam
 from .base import Rule, hyper, option, state, UNIT
-from .factored import _Size
+from .factored import SizeOption
 from .ops import one_minus_pow, precision
 
 __all__ = ["Muon", "muon"]
@@ -45,7 +45,7 @@ class Muon(Rule):
     eps = hyper(1e-7, low=0.0)
     weight_decay = hyper(0.0, low=0.0)
     nesterov = option(True)
-    ns_steps = _Size(5, doc="Newton-Schulz iterations")
+    ns_steps = SizeOption(5, doc="Newton-Schulz iterations")
     convention = option("torch", choices=("torch", "optax"))
     mu = state(0.0)
     axes = ("elements",)
