@@ -12,15 +12,12 @@ leaf are the element states, the unit states ``{prefix}u{u}`` and the geometry r
 from __future__ import annotations
 
 from ..rules.base import step_args
-from .elements import call_args, element_lines, finish_call, opt_literal
+from .elements import LANES, accumulate, call_args, element_lines, finish_call, identity, opt_literal, pairwise
 from .layout import GEO, ChainLayout, reduce_ops
 
 __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction"]
 
 _DIMS = ("P", "A", "Q", "B", "S", "act")
-
-#: partial sums of a reduction's dry pass over the geometry loop (a power of two)
-LANES = 4
 
 
 def array_names(layout: ChainLayout, prefix: str) -> list:
@@ -112,7 +109,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
     if cls.matrix is not None:
         return L + _matrix_phase(layout, r, q, indent, G)
     for a in cls.axes:
-        L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
+        L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {identity(op)}, np.float64)"
               for c, op in enumerate(ops)]
     if ops:  # the dry pass (a rule without contributions renews its unit states from nothing but them)
         body = ["gi = g[i]", "xi = x[i]"]
@@ -127,12 +124,12 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
                 for c, op in enumerate(ops):
                     t, h = f"T{r}_{a}_{c}[{a[0]}i{r}]", f"_h{a[0]}{c}"
                     if a in local:
-                        before.append(f"{h} = {'0.0' if op == 'sum' else '-INF'}")
-                        each.append(f"{h} += np.float64(c{c})" if op == "sum" else f"{h} = max({h}, np.float64(c{c}))")
+                        before.append(f"{h} = {identity(op)}")
+                        each.append(accumulate(h, f"c{c}", op))
                         u = f"T{r}_{a}_{c}[{'_a' if a == 'rows' else '0'}]"  # the unit of this row / leaf
                         after.append(f"{u} += {h}" if op == "sum" else f"{u} = max({u}, {h})")
                     else:
-                        each.append(f"{t} += np.float64(c{c})" if op == "sum" else f"{t} = max({t}, np.float64(c{c}))")
+                        each.append(accumulate(t, f"c{c}", op))
             return before, each, after
         L += [f"{indent}if gact{q} != 0:"] + geo_loop(layout, body, indent + "    ", G, hoist)
     nf = len(cls.finals)
@@ -174,19 +171,13 @@ def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str) -> list:
     member, whose elements read their units' finals. Sums go to :data:`LANES` partial sums by element index (four
     independent chains instead of one), combined pairwise in a fixed order: serial and deterministic."""
     ops = reduce_ops(layout.rules[r])
-    L = [f"{indent}_ln{r}_{c} = np.full({LANES}, {'0.0' if op == 'sum' else '-INF'}, np.float64)"
-         for c, op in enumerate(ops)]
+    L = [f"{indent}_ln{r}_{c} = np.full({LANES}, {identity(op)}, np.float64)" for c, op in enumerate(ops)]
     body = ["gi = g[i]", "xi = x[i]"] + element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
     body.append(_contributions(layout, r))
-    for c, op in enumerate(ops):
-        a = f"_ln{r}_{c}[i & {LANES - 1}]"
-        body.append(f"{a} += np.float64(c{c})" if op == "sum" else f"{a} = max({a}, np.float64(c{c}))")
+    body += [accumulate(f"_ln{r}_{c}[i & {LANES - 1}]", f"c{c}", op) for c, op in enumerate(ops)]
     L += geo_loop(layout, body, indent, G)
     for c, op in enumerate(ops):
-        a = [f"_ln{r}_{c}[{u}]" for u in range(LANES)]
-        while len(a) > 1:  # pairwise, in a fixed order
-            a = [(f"({a[k]} + {a[k + 1]})" if op == "sum" else f"max({a[k]}, {a[k + 1]})") for k in range(0, len(a), 2)]
-        L.append(f"{indent}acc{r}_{c} = {a[0]}")
+        L.append(f"{indent}acc{r}_{c} = {pairwise([f'_ln{r}_{c}[{u}]' for u in range(LANES)], op)}")
     return L
 
 

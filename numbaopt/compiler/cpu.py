@@ -36,7 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from .axes import array_names, axis_phase, geo_loop, geo_reduction, unit_copies, unit_views, unit_writes
-from .elements import element_lines, finals_lines, finish_call, load_lines, rule_functions, call_args
+from .elements import (LANES, accumulate, call_args, element_lines, finals_lines, finish_call, identity, load_lines,
+                       pairwise, rule_functions)
 from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
 from .intrinsics import NO_NRT
@@ -54,17 +55,8 @@ GENERATOR_VERSION = "4"
 #: Numba's own flag; a Numba without it keeps the default.
 _KERNEL_OPTIONS = "dict(_NJ, _nrt=False)" if NO_NRT else "_NJ"
 
-#: independent partial accumulators per reduction: the element loop is unrolled this many times so that
-#: the float64 sums are not one serial dependency chain (~2x faster on 1M float32 elements)
-LANES = 4
-
-
 # --------------------------------------------------------------------------------------------------
 # pieces
-
-
-def _identity(op) -> str:
-    return "0.0" if op == "sum" else "-INF"
 
 
 def _lane_reduction(layout, r, indent, G="") -> list:
@@ -73,16 +65,14 @@ def _lane_reduction(layout, r, indent, G="") -> list:
     if any(q < r for q in layout.axis_rules):  # its elements read their units' finals: the geometry loop
         return geo_reduction(layout, r, indent, G)
     ops = reduce_ops(layout.rules[r])
-    L = [f"{indent}acc{r}_{c}_{u} = {_identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
+    L = [f"{indent}acc{r}_{c}_{u} = {identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
     rargs = call_args(layout, r, "reduce", ["d", "xi"])
 
     def body(u, ind):
         out = [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
         out += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, ind)
         out.append(f"{ind}{', '.join(f'c{c}' for c in range(len(ops)))}, = reduce_t_{r}({rargs})")
-        for c, op in enumerate(ops):
-            a = f"acc{r}_{c}_{u}"
-            out.append(f"{ind}{a} += np.float64(c{c})" if op == "sum" else f"{ind}{a} = max({a}, np.float64(c{c}))")
+        out += [f"{ind}{accumulate(f'acc{r}_{c}_{u}', f'c{c}', op)}" for c, op in enumerate(ops)]
         return out
 
     bi = indent + "    "
@@ -93,11 +83,7 @@ def _lane_reduction(layout, r, indent, G="") -> list:
         L += body(u, bi)
     L.append(f"{indent}for i in range(m{r}, n):")
     L += body(0, bi)
-    for c, op in enumerate(ops):
-        a = [f"acc{r}_{c}_{u}" for u in range(LANES)]
-        while len(a) > 1:  # pairwise, in a fixed order
-            a = [(f"({a[k]} + {a[k + 1]})" if op == "sum" else f"max({a[k]}, {a[k + 1]})") for k in range(0, len(a), 2)]
-        L.append(f"{indent}acc{r}_{c} = {a[0]}")
+    L += [f"{indent}acc{r}_{c} = {pairwise([f'acc{r}_{c}_{u}' for u in range(LANES)], op)}" for c, op in enumerate(ops)]
     return L
 
 
@@ -132,6 +118,11 @@ def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str,
     if outplace:
         L.append(f"{ind}xo[i] = xi")
     return L
+
+
+def _copy_geo(src: str, dst: str, row: str, ind: str) -> list:
+    """Copy geometry row ``row`` of ``{src}g`` into ``{dst}g`` (a pure step's new state keeps the leaf's view)."""
+    return [f"{ind}for _k in range({src}g.shape[1]):", f"{ind}    {dst}g[{row}, _k] = {src}g[{row}, _k]"]
 
 
 def _split(layout):
@@ -189,7 +180,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     def skip_all(ind):
         out = _loop(layout, "copy", rng, True, ind) if outplace else []
         if outplace and axis:
-            out += [f"{ind}for _k in range(Sg.shape[1]):", f"{ind}    Og[0, _k] = Sg[0, _k]"]
+            out += _copy_geo("S", "O", "0", ind)
         return out + ([f"{ind}C[3] += 1"] if counters else []) + [f"{ind}return 1"]
 
     for r in sorted(pre + layout.axis_rules):
@@ -210,7 +201,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
     L += _loop(layout, "full", rng, outplace, "    ", G)
     if outplace and axis:
-        L += ["    for _k in range(Sg.shape[1]):", "        Og[0, _k] = Sg[0, _k]"]
+        L += _copy_geo("S", "O", "0", "    ")
     if counters:
         L += ["    C[0] += 1", "    C[1] += 1", "    C[2] = 0"]
     return L + ["    return 0"]
@@ -266,7 +257,7 @@ def _reduce_phase(layout, r) -> list:
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     L = [_PHASE, f"def partial_{r}({args}):",
          "    for j in range(sizes.shape[0]):"]
-    L += [f"        P[j, {c0 + c}] = {_identity(op)}" for c, op in enumerate(ops)] + [f"        P[j, {flag}] = 0.0"]
+    L += [f"        P[j, {c0 + c}] = {identity(op)}" for c, op in enumerate(ops)] + [f"        P[j, {flag}] = 0.0"]
     L += ["        if act[j] != 1:", "            continue"] + _skipped_before(layout, r, "        ")
     L += _head(layout, "        ") + load_lines(layout, "        ", "t", "tp")
     if layout.accum is not None and r > layout.accum:  # only the leaves completing their cycle
@@ -340,7 +331,7 @@ def _reductions(layout) -> list:
         L.append(f"    partial_{r}({args})")
         if type(layout.rules[r]).scope == "tree":
             L += [f"    tot{r} = np.empty({len(ops)}, dtype=np.float64)"]
-            L += [f"    tot{r}[{c}] = {_identity(op)}" for c, op in enumerate(ops)]
+            L += [f"    tot{r}[{c}] = {identity(op)}" for c, op in enumerate(ops)]
             nf = len(type(layout.rules[r]).finals)
             L += [f"    combine_{r}(P, tot{r})", f"    row{r} = np.empty({nf}, dtype=np.float64)",
                   f"    finish_row_{r}(tot{r}, hp, row{r})", f"    put_finals_{r}(row{r}, P, F)"]
@@ -371,7 +362,7 @@ def _apply(layout, outplace: bool) -> list:
         if layout.axis_rules:
             L += unit_views(layout, "A", "S", _TG, "            ") + unit_views(layout, "B", "O", _TG, "            ")
             L += unit_copies(layout, "S", "O", "            ")
-            L += ["            for _k in range(Ag.shape[1]):", "                Bg[j, _k] = Ag[j, _k]"]
+            L += _copy_geo("A", "B", "j", "            ")
         L += ["            continue"]
     else:
         L += ["        if act[j] != 1:", "            continue"]
@@ -384,7 +375,7 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"        if f{r}_skip != 0.0:"]
             L += _loop(layout, "copy", "range", True, "            ") if outplace else []
             if outplace and layout.axis_rules:
-                L += ["            for _k in range(Ag.shape[1]):", "                Bg[j, _k] = Ag[j, _k]"]
+                L += _copy_geo("A", "B", "j", "            ")
             L += ["            C[3, j] += 1", "            continue"]
     if layout.accum is not None:
         a = layout.accum
@@ -398,7 +389,7 @@ def _apply(layout, outplace: bool) -> list:
     L += _in_leaf(layout, len(layout.rules), "        ")
     L += _loop(layout, "full", "range", outplace, "        ", _TG)
     if outplace and layout.axis_rules:
-        L += ["        for _k in range(Ag.shape[1]):", "            Bg[j, _k] = Ag[j, _k]"]
+        L += _copy_geo("A", "B", "j", "        ")
     L += ["        C[0, j] += 1", "        C[1, j] += 1", "        C[2, j] = 0"]
     return L + ["    return 0"]
 

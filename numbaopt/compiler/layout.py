@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..rules.base import is_scheduled
+from ..rules.base import is_scheduled, step_args
 from .placement import empty_staggered, page_offsets
 
 __all__ = ["ChainLayout", "real_dtype", "reduce_ops", "GEO", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
@@ -46,9 +46,10 @@ STEPPED, SKIP, ACCUMULATED, RESET, ALIASED, ERROR_BASE = 0, 1, -1, -2, -3, 2
 GEO = 6
 
 
-def _arg_names(f) -> list:
-    import inspect
-    return list(inspect.signature(getattr(f, "__func__", f)).parameters)
+def _cuts(rule, shape):
+    """``rule.geometry`` for a leaf of ``shape``, called with the options it names."""
+    g = type(rule).geometry
+    return g(shape, *[rule._values[n] for n in step_args(g)[1:]])
 
 
 def real_dtype(dtype) -> np.dtype:
@@ -216,8 +217,7 @@ class ChainLayout:
         for r_i in self.axis_rules:
             rule = self.rules[r_i]
             cls = type(rule)
-            opts = [rule._values[n] for n in _arg_names(cls.geometry)[1:]]
-            cuts = cls.geometry(shape, *opts)
+            cuts = _cuts(rule, shape)
             if cuts is None:
                 if cls.matrix is not None:
                     hint = getattr(cls, "fallback_hint", "a rule chooser")
@@ -250,9 +250,7 @@ class ChainLayout:
         """The shape of each unit state for a leaf of ``shape`` (the leaf's shape without the summed axes)."""
         out = []
         for (r_i, d), size in zip(self.unit_decls, self.unit_sizes(shape)):
-            rule = self.rules[r_i]
-            cls = type(rule)
-            cuts = cls.geometry(tuple(shape), *[rule._values[n] for n in _arg_names(cls.geometry)[1:]])
+            cuts = _cuts(self.rules[r_i], tuple(shape))
             if cuts is None:
                 out.append((size,))
                 continue

@@ -53,12 +53,10 @@ def check_definition(cls):
         fin = set(cls.finals)
     known = set(cls._hypers) | set(cls._options) | set(cls.scalars) | fin
     for fname in ("step", "reduce"):
-        f = cls.__dict__.get(fname)
-        if f is None:
+        args = _static_args(cls, fname)
+        if args is None:
             continue
-        if not isinstance(f, staticmethod):
-            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
-        args = step_args(f)
+        f = cls.__dict__[fname]
         if fname == "step":
             if args[:2] != ["g", "x"]:
                 raise TypeError(f"{cls.__name__}.step must start with (g, x, ...), got {args}")
@@ -80,11 +78,8 @@ def check_definition(cls):
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
                             f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
-    ev = cls.__dict__.get("evaluate")
-    if ev is not None:
-        if not isinstance(ev, staticmethod):
-            raise TypeError(f"{cls.__name__}.evaluate must be a @staticmethod")
-        args = step_args(ev)
+    args = _static_args(cls, "evaluate")
+    if args is not None:
         ok = set(cls._states) | set(cls._hypers) | set(cls._options)
         if not args or args[0] != "x" or any(a not in ok for a in args[1:]):
             raise TypeError(f"{cls.__name__}.evaluate takes (x, <state, hyperparameter or option names>), got {args}")
@@ -92,12 +87,10 @@ def check_definition(cls):
         raise TypeError(f"{cls.__name__} defines reduce but no reduce_ops")
     hyper_like = set(cls._hypers) | set(cls._options)
     for fname, lead in (("prepare", 1), ("finish", None)):
-        f = cls.__dict__.get(fname)
-        if f is None:
+        args = _static_args(cls, fname)
+        if args is None:
             continue
-        if not isinstance(f, staticmethod):
-            raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
-        args = step_args(f)
+        f = cls.__dict__[fname]
         if fname == "prepare":
             if not args or args[0] != "t":
                 raise TypeError(f"{cls.__name__}.prepare must start with t, got {args}")
@@ -117,6 +110,17 @@ def check_definition(cls):
         free = _free_names(f) - STEP_NAMESPACE
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")
+
+
+def _static_args(cls, fname: str):
+    """The argument names of ``cls``'s own ``fname`` (None when the class does not define it); a ``TypeError``
+    unless it is a ``@staticmethod``."""
+    f = cls.__dict__.get(fname)
+    if f is None:
+        return None
+    if not isinstance(f, staticmethod):
+        raise TypeError(f"{cls.__name__}.{fname} must be a @staticmethod")
+    return step_args(f)
 
 
 def units_per_axis(cls) -> int:
@@ -163,11 +167,9 @@ def _check_matrix(cls, axes):
         raise TypeError(f"{name}: a matrix rule has reduce (its contribution per element) and no finish")
     if any(d.axis is not None for d in cls._states.values()):
         raise TypeError(f"{name}: a matrix rule has no unit states")
-    f = cls.__dict__.get("matrix")
-    if f is not None:
-        if not isinstance(f, staticmethod):
-            raise TypeError(f"{name}.matrix must be a @staticmethod")
-        args = step_args(f)
+    args = _static_args(cls, "matrix")
+    if args is not None:
+        f = cls.__dict__["matrix"]
         ok = set(cls._hypers) | set(cls._options)
         if not args or any(a not in ok for a in args[1:]):
             raise TypeError(f"{name}.matrix takes (U, <hyperparameter or option names>), got {args}")
