@@ -23,7 +23,7 @@ from .plateau import ReduceOnPlateau
 from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
                     Chain, ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, Descent, KeepParamsNonNegative, LAMB,
                     Centralize, AdaptiveGradClip, ScaleByFactoredRMS, ScaleByParamBlockRMS, Adafactor, NovoGrad,
-                    ScheduleFree, ScheduleFreeSGD, ScheduleFreeAdamW, ParamAverage, Muon, muon,
+                    ScheduleFree, ScheduleFreeSGD, ScheduleFreeAdamW, ParamAverage, Muon, muon, DAdaptAdamW, Prodigy,
                     LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
                     NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
                     SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
@@ -50,7 +50,7 @@ __all__ = [
     "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
     "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize", "AdaptiveGradClip",
     "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree", "ScheduleFreeSGD",
-    "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "eval_params", "AccumGrad", "MixedPrecision",
+    "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "DAdaptAdamW", "Prodigy", "eval_params", "AccumGrad", "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",

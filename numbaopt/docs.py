@@ -66,9 +66,11 @@ def _states(cls) -> str:
     if not cls._states:
         return "0"
     if units:
-        per = {"rows": "row", "cols": "column", "batch": "batch"}
-        return f"{len(always)}" + "".join(f"; per {per[s.axis]}: {s.name}{' (real)' if s.real else ''}={_num(s.init)}"
-                                          for s in units)
+        per = {"rows": "row", "cols": "column", "batch": "batch", "scalar": "tree" if cls.scope == "tree" else "array"}
+        real = [" (real)" if s.real and s.axis != "scalar" else "" for s in units]  # a scalar state is always real
+        return f"{len(always)}" + "".join(f"; per {per[s.axis]}: {s.name}{r}="
+                                          f"{s.init if isinstance(s.init, str) else _num(s.init)}"
+                                          for s, r in zip(units, real))
 
     def name(s):
         init = s.init if isinstance(s.init, str) else _num(s.init)

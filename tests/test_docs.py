@@ -145,7 +145,7 @@ def test_api_reference_lists_every_public_name():
 # --- the rules' docstrings: a reference and a runnable example each --------------------------------------
 
 RULE_MODULES = ["basic", "adaptive", "recent", "sign_based", "clipping", "layerwise", "lookahead", "stages", "factored",
-                "averaging", "matrix"]
+                "averaging", "matrix", "parameter_free"]
 _FINDER = doctest.DocTestFinder()
 DOCTESTS = [t for m in [numbaopt] + [importlib.import_module(f"numbaopt.rules.{n}") for n in RULE_MODULES]
             for t in _FINDER.find(m) if t.examples]

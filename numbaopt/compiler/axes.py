@@ -11,7 +11,7 @@ leaf are the element states, the unit states ``{prefix}u{u}`` and the geometry r
 """
 from __future__ import annotations
 
-from ..rules.base import step_args
+from ..rules.base import SCALAR, step_args
 from .elements import LANES, accumulate, call_args, element_lines, finish_call, identity, opt_literal, pairwise
 from .layout import GEO, ChainLayout, reduce_ops
 
@@ -23,7 +23,7 @@ _DIMS = ("P", "A", "Q", "B", "S", "act")
 def array_names(layout: ChainLayout, prefix: str) -> list:
     """The names of a leaf's state arrays in the kernels: element, unit, geometry."""
     out = [f"{prefix}{k}" for k in range(layout.n_state)]
-    if layout.axis_rules:
+    if layout.units:
         out += [f"{prefix}u{u}" for u in range(layout.n_unit)] + [f"{prefix}g"]
     return out
 
@@ -192,9 +192,12 @@ def unit_views(layout: ChainLayout, arena: str, out: str, G: str, indent: str) -
 
 
 def unit_writes(layout: ChainLayout, W: str, indent: str) -> list:
-    """Write the new unit states ``NU{u}`` into ``{W}u{u}`` (after the element pass)."""
+    """Write the new unit states ``NU{u}`` into ``{W}u{u}`` (after the element pass; the scalar states of
+    reductions are written by the kernels from their finish)."""
     L = []
-    for u in range(layout.n_unit):
+    for u, (_, d) in enumerate(layout.unit_decls):
+        if d.axis == SCALAR:
+            continue
         L += [f"{indent}for _u in range(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
     return L
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from .axes import array_names, axis_phase, geo_loop, geo_reduction, unit_copies, unit_views, unit_writes
 from .elements import (LANES, accumulate, call_args, element_lines, finals_lines, finish_call, identity, load_lines,
-                       pairwise, rule_functions)
+                       pairwise, rule_functions, scalar_loads)
 from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
 from .intrinsics import NO_NRT
@@ -96,7 +96,7 @@ def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str,
     L = [f"{indent}for i in {rng}(n):"]
     if kind == "copy":
         L += [f"{ind}xo[i] = x[i]"] + [f"{ind}O{k}[i] = S{k}[i]" for k in range(layout.n_state)]
-        return L + (unit_copies(layout, "S", "O", indent) if layout.axis_rules else [])
+        return L + (unit_copies(layout, "S", "O", indent) if layout.units else [])
     if kind == "full" and layout.axis_rules and not flat:
         body = [line[len(ind):] for line in _loop(layout, kind, rng, outplace, indent, flat=True)[1:]]
         return geo_loop(layout, body, indent, G) + unit_writes(layout, "O" if outplace else "S", indent)
@@ -147,6 +147,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     params = ["x", "g"] + S + ["hp", "C" if counters else "t"] + (["xo"] + O if outplace else [])
     G = "Sg[0, {}]"
     axis = bool(layout.axis_rules)
+    units = layout.units
     if axis:  # serial (the per-unit sums are one pass) and with NRT (they allocate their tables)
         par = False
     if inline:
@@ -166,9 +167,10 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     def reduce(r, ind, on_skip):
         if r in layout.axis_rules:
             return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype")
-        out = _lane_reduction(layout, r, ind, G)
-        fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals]
+        out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + _lane_reduction(layout, r, ind, G)
+        fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals] + [f"w{r}_{k}" for k in range(layout.n_scalar(r))]
         accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
+        accs += [f"np.float64(Su{u}[0])" for u in layout.scalar_units(r)]
         out.append(f"{ind}{', '.join(fins)}, = {finish_call(layout, r, accs)}")
         if _has(layout, r, "error"):
             out += [f"{ind}if g{r}_error != 0.0:", f"{ind}    return {ERROR_BASE + r}"]
@@ -179,7 +181,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
 
     def skip_all(ind):
         out = _loop(layout, "copy", rng, True, ind) if outplace else []
-        if outplace and axis:
+        if outplace and units:
             out += _copy_geo("S", "O", "0", ind)
         return out + ([f"{ind}C[3] += 1"] if counters else []) + [f"{ind}return 1"]
 
@@ -200,7 +202,9 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
             L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
     L += _loop(layout, "full", rng, outplace, "    ", G)
-    if outplace and axis:
+    W = "O" if outplace else "S"
+    L += [f"    {W}u{u}[0] = w{r}_{k}" for r in layout.reducers for k, u in enumerate(layout.scalar_units(r))]
+    if outplace and units:
         L += _copy_geo("S", "O", "0", "    ")
     if counters:
         L += ["    C[0] += 1", "    C[1] += 1", "    C[2] = 0"]
@@ -221,7 +225,7 @@ def _head(layout, ind, out=False, views=True) -> list:
     L += [f"{ind}S{k} = A{k}[o:o + n]" for k in range(layout.n_state)]
     if out:
         L += [f"{ind}O{k} = B{k}[o:o + n]" for k in range(layout.n_state)]
-    if layout.axis_rules:
+    if layout.units:
         L += unit_views(layout, "A", "S", _TG, ind) + (unit_views(layout, "B", "O", _TG, ind) if out else [])
     return L + [f"{ind}t = C[0, j] + 1", f"{ind}tp = C[1, j] + 1"]
 
@@ -253,7 +257,8 @@ _PHASE = '@njit(inline="always", cache=True, **_NJ)'
 def _reduce_phase(layout, r) -> list:
     A = array_names(layout, "A")
     ops = reduce_ops(layout.rules[r])
-    c0, flag = layout.acc_cols[r], layout.acc_cols[r] + len(ops)
+    nops, units = len(ops), layout.scalar_units(r)
+    c0, flag = layout.acc_cols[r], layout.acc_cols[r] + nops
     args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     L = [_PHASE, f"def partial_{r}({args}):",
          "    for j in range(sizes.shape[0]):"]
@@ -265,26 +270,33 @@ def _reduce_phase(layout, r) -> list:
     inline = _inline(layout)
     L += finals_lines(layout, [q for q in layout.reducers if q < r and q not in inline], "        ", _fin_src(layout))
     L += _in_leaf(layout, r, "        ")  # the axis members (and inline reductions) before r: nothing written
+    L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", "        ")
     L += _lane_reduction(layout, r, "        ", _TG)
-    L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(len(ops))] + [f"        P[j, {flag}] = 1.0"]
+    L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(nops)] + [f"        P[j, {flag}] = 1.0"]
+    L += [f"        P[j, {flag + 1 + k}] = np.float64(Su{u}[0])" for k, u in enumerate(units)]  # the leaf's states
     L += ["    return 0", "", "", _PHASE, f"def combine_{r}(P, tot):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
     for c, op in enumerate(ops):
         L.append(f"            tot[{c}] = tot[{c}] + P[j, {c0 + c}]" if op == "sum"
                  else f"            tot[{c}] = max(tot[{c}], P[j, {c0 + c}])")
-    fins = type(layout.rules[r]).finals
-    nf, f0 = len(fins), layout.fin_cols[r]
+    if units:  # the scalar states of the tree: the first contributing leaf's (every leaf stepped keeps a copy)
+        seen = nops + len(units)
+        L += [f"            if tot[{seen}] == 0.0:", f"                tot[{seen}] = 1.0"]
+        L += [f"                tot[{nops + k}] = P[j, {flag + 1 + k}]" for k in range(len(units))]
+    nf, f0 = layout.row_len(r), layout.fin_cols[r]
+    states = [f"tot[{nops + k}]" for k in range(len(units))]
     L += ["    return 0", "", "", _PHASE, f"def finish_row_{r}(tot, hp, row):",
           f"    {', '.join(f'v{m}' for m in range(nf))}, = "
-          f"{finish_call(layout, r, [f'tot[{c}]' for c in range(len(ops))])}"]
+          f"{finish_call(layout, r, [f'tot[{c}]' for c in range(nops)] + states)}"]
     L += [f"    row[{m}] = v{m}" for m in range(nf)]
     L += ["    return 0", "", "", _PHASE, f"def put_finals_{r}(row, P, F):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
     L += [f"            F[j, {f0 + m}] = row[{m}]" for m in range(nf)]
+    states = [f"P[j, {flag + 1 + k}]" for k in range(len(units))]
     L += ["    return 0", "", "", _PHASE, f"def finish_leaves_{r}(P, hp, F):",
           "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:",
           f"            {', '.join(f'v{m}' for m in range(nf))}, = "
-          f"{finish_call(layout, r, [f'P[j, {c0 + c}]' for c in range(len(ops))])}"]
+          f"{finish_call(layout, r, [f'P[j, {c0 + c}]' for c in range(nops)] + states)}"]
     L += [f"            F[j, {f0 + m}] = v{m}" for m in range(nf)]
     return L + ["    return 0"]
 
@@ -297,7 +309,7 @@ def _inline(layout) -> list:
         return []
     first = min(layout.axis_rules)
     return [r for r in layout.reducers if r > first and type(layout.rules[r]).scope == "leaf"
-            and not (_has(layout, r, "error") or _has(layout, r, "skip"))]
+            and not (_has(layout, r, "error") or _has(layout, r, "skip") or layout.n_scalar(r))]
 
 
 def _in_leaf(layout, upto: int, ind: str) -> list:
@@ -330,9 +342,9 @@ def _reductions(layout) -> list:
         ops = reduce_ops(layout.rules[r])
         L.append(f"    partial_{r}({args})")
         if type(layout.rules[r]).scope == "tree":
-            L += [f"    tot{r} = np.empty({len(ops)}, dtype=np.float64)"]
+            L += [f"    tot{r} = np.zeros({len(layout.totals(r))}, dtype=np.float64)"]
             L += [f"    tot{r}[{c}] = {identity(op)}" for c, op in enumerate(ops)]
-            nf = len(type(layout.rules[r]).finals)
+            nf = layout.row_len(r)
             L += [f"    combine_{r}(P, tot{r})", f"    row{r} = np.empty({nf}, dtype=np.float64)",
                   f"    finish_row_{r}(tot{r}, hp, row{r})", f"    put_finals_{r}(row{r}, P, F)"]
         else:
@@ -359,7 +371,7 @@ def _apply(layout, outplace: bool) -> list:
         if layout.n_state:
             L += ["            for i in range(o, o + n):"]
             L += [f"                B{k}[i] = A{k}[i]" for k in range(layout.n_state)]
-        if layout.axis_rules:
+        if layout.units:
             L += unit_views(layout, "A", "S", _TG, "            ") + unit_views(layout, "B", "O", _TG, "            ")
             L += unit_copies(layout, "S", "O", "            ")
             L += _copy_geo("A", "B", "j", "            ")
@@ -374,7 +386,7 @@ def _apply(layout, outplace: bool) -> list:
         if _has(layout, r, "skip"):
             L += [f"        if f{r}_skip != 0.0:"]
             L += _loop(layout, "copy", "range", True, "            ") if outplace else []
-            if outplace and layout.axis_rules:
+            if outplace and layout.units:
                 L += _copy_geo("A", "B", "j", "            ")
             L += ["            C[3, j] += 1", "            continue"]
     if layout.accum is not None:
@@ -388,7 +400,11 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
     L += _in_leaf(layout, len(layout.rules), "        ")
     L += _loop(layout, "full", "range", outplace, "        ", _TG)
-    if outplace and layout.axis_rules:
+    W = "O" if outplace else "S"
+    for r in layout.reducers:  # the new scalar states, after the finals in F (inline reductions have none)
+        nf = len(type(layout.rules[r]).finals)
+        L += [f"        {W}u{u}[0] = F[j, {layout.fin_cols[r] + nf + k}]" for k, u in enumerate(layout.scalar_units(r))]
+    if outplace and layout.units:
         L += _copy_geo("A", "B", "j", "        ")
     L += ["        C[0, j] += 1", "        C[1, j] += 1", "        C[2, j] = 0"]
     return L + ["    return 0"]

@@ -13,7 +13,7 @@ from .layout import ChainLayout, reduce_ops
 
 __all__ = ["LANES", "identity", "accumulate", "pairwise", "axis_finals",
            "renamed_source", "rule_functions", "element_lines", "load_lines", "finals_lines",
-           "finish_call",
+           "finish_call", "scalar_loads",
            "reduction_lines", "opt_literal", "call_args"]
 
 
@@ -121,8 +121,10 @@ def call_args(layout: ChainLayout, r_i: int, fname: str, lead, state_vars=()) ->
     out += list(state_vars)
     own = {d.name: k for d, k in layout.state_slots[r_i] if k is not None}
     for n in rest:
-        if fname == "reduce" and n in own:  # a matrix rule's contribution reads its state at this element
+        if fname == "reduce" and n in own:  # a contribution reads the rule's state at this element
             out.append(f"S{own[n]}[i]")
+        elif fname == "reduce" and n in layout.scalar_names(r_i):  # and its scalar states (see scalar_loads)
+            out.append(f"z{r_i}_{n}")
         elif n in rule._hypers:
             out.append(f"h{r_i}_{n}")
         elif n in rule._options:
@@ -195,6 +197,12 @@ def load_lines(layout: ChainLayout, indent: str, tvar: str, tpvar: str | None = 
             lines.append(f"{indent}{', '.join(names)}, = prepare_{r_i}(_R({t}), {', '.join(args)})")
             lines += [f"{indent}p{r_i}_{n} = _R(q{r_i}_{n})" for n in cls.scalars]
     return lines
+
+
+def scalar_loads(layout: ChainLayout, r_i: int, src, indent: str) -> list:
+    """``z{r}_{name} = _R(<src(u)>)``: member r's scalar states for its ``reduce``, read from unit array u."""
+    names = layout.scalar_names(r_i)
+    return [f"{indent}z{r_i}_{n} = _R({src(u)})" for n, u in zip(names, layout.scalar_units(r_i))]
 
 
 def finals_lines(layout: ChainLayout, rs, indent: str, src) -> list:

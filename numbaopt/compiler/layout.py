@@ -7,7 +7,10 @@ and the tree pipeline use to build hyperparameter vectors, state arrays and the 
 * ``S``: one flat array per active state declaration (``state_decls``), in chain order;
 * ``C``: the step counters of a leaf (see :data:`COUNTERS`);
 * per reduction rule ``r``: ``acc_cols[r]`` columns of partial accumulators (plus one column saying whether
-  the leaf contributed) in ``P``, and ``fin_cols[r]`` columns of finals in ``F`` (both float64).
+  the leaf contributed, then the leaf's scalar states) in ``P``, and ``fin_cols[r]`` columns of finals (then
+  the new scalar states) in ``F`` (both float64);
+* unit states: per-unit state of axis reductions and the scalar states of reductions (one unit per leaf), in
+  arenas whose offsets the leaf's geometry row gives.
 
 Stages (:mod:`numbaopt.rules.stages`) change how the chain runs: the members before an ``AccumGrad``
 (the *prefix*) run on every gradient and count steps in ``C[TP]``; the members after it run on the mean
@@ -20,7 +23,7 @@ import math
 
 import numpy as np
 
-from ..rules.base import is_scheduled, step_args
+from ..rules.base import SCALAR, is_scheduled, step_args
 from .placement import empty_staggered, page_offsets
 
 __all__ = ["ChainLayout", "real_dtype", "reduce_ops", "GEO", "COUNTERS", "T", "TP", "CNT", "SKIPPED",
@@ -100,6 +103,8 @@ class ChainLayout:
         self.n_hyper = k
         self.n_state = len(self.state_decls)
         self.n_unit = len(self.unit_decls)
+        #: whether a leaf's state carries unit arrays and a geometry row (axis members or scalar states)
+        self.units = bool(self.n_unit) or any(type(r).axes for r in self.rules)
         #: the axis-reduction members, and the layout of a geometry row (see :meth:`geometry_rows`)
         self.axis_rules = [i for i, r in enumerate(self.rules) if type(r).axes]
         self.geo_len = GEO * len(self.axis_rules) + 2 * self.n_unit
@@ -110,8 +115,9 @@ class ChainLayout:
         self.master = self.rules[0].dtype if stages[:1] == ["master"] else None
         self.reducers = [i for i, r in enumerate(self.rules)
                          if getattr(type(r), "reduce", None) is not None and not type(r).axes]
-        if self.axis_rules and self.accum is not None:
-            raise TypeError(f"{type(self.rules[self.axis_rules[0]]).__name__} (an axis reduction) cannot be chained "
+        if self.units and self.accum is not None:
+            first = next(r for r in self.rules if type(r).axes or any(d.axis for d in r._states.values()))
+            raise TypeError(f"{type(first).__name__} (a reduction with per-unit or scalar state) cannot be chained "
                             "with AccumGrad yet; accumulate the gradients yourself and step with their mean")
         self.scheduled = is_scheduled(rule)
         # per hyperparameter: (its rule, its name, whether it counts calls before an AccumGrad), for fill_hyper
@@ -121,8 +127,8 @@ class ChainLayout:
         for r in self.reducers:
             self.acc_cols[r] = a
             self.fin_cols[r] = f
-            a += len(reduce_ops(self.rules[r])) + 1  # + the "contributed" flag
-            f += len(type(self.rules[r]).finals)
+            a += len(reduce_ops(self.rules[r])) + 1 + self.n_scalar(r)  # + the "contributed" flag, the states
+            f += len(type(self.rules[r]).finals) + self.n_scalar(r)
         self.n_acc, self.n_fin = max(a, 1), max(f, 1)
 
     # -- the prefix/suffix split of an AccumGrad ------------------------------------------------
@@ -197,16 +203,45 @@ class ChainLayout:
 
     # -- axis reductions: unit states and geometry ------------------------------------------------
     def refuse_axes(self, where: str) -> None:
-        """A ``TypeError`` for a path that has no axis reductions yet (``where`` names it)."""
+        """A ``TypeError`` for a path that has no axis reductions or scalar states yet (``where`` names it)."""
         if self.axis_rules:
             names = ", ".join(type(self.rules[r]).__name__ for r in self.axis_rules)
             raise TypeError(f"{where}: {names} (an axis reduction, per row/column of each leaf) runs on the CPU "
                             "through numbaopt.update/update_ only, not here yet")
+        scalar = [type(self.rules[r]).__name__ for r in range(len(self.rules)) if self.n_scalar(r)]
+        if scalar:
+            raise TypeError(f"{where}: {', '.join(scalar)} (a reduction with scalar state, e.g. a tree-wide "
+                            "learning-rate estimate) runs on the CPU through numbaopt.update/update_ only, not here yet")
+
+    def scalar_units(self, r: int) -> list:
+        """The unit-state indices of member r's scalar states (``state(scalar=True)``), in declaration order."""
+        return self.unit_slots[r].get(SCALAR, [])
+
+    def scalar_names(self, r: int) -> list:
+        """The names of member r's scalar states."""
+        return [self.unit_decls[u][1].name for u in self.scalar_units(r)]
+
+    def n_scalar(self, r: int) -> int:
+        """The number of scalar states of member r."""
+        return len(self.scalar_units(r))
+
+    def totals(self, r: int) -> np.ndarray:
+        """A fresh combined-totals vector of tree-scope reduction r, as ``combine_r`` fills it: each op's
+        identity, then (with scalar states) the first contributing leaf's states and a flag saying they are set."""
+        ops = reduce_ops(self.rules[r])
+        ns = self.n_scalar(r)
+        tot = np.zeros(len(ops) + ns + (1 if ns else 0), dtype=np.float64)
+        tot[:len(ops)] = [0.0 if op == "sum" else -np.inf for op in ops]
+        return tot
+
+    def row_len(self, r: int) -> int:
+        """The length of reduction r's finals row (``finish_row_r``): its finals, then its new scalar states."""
+        return len(type(self.rules[r]).finals) + self.n_scalar(r)
 
     @property
     def n_arrays(self) -> int:
         """The arrays a leaf's state passes to the kernels: element states, unit states, the geometry row."""
-        return self.n_state + self.n_unit + (1 if self.axis_rules else 0)
+        return self.n_state + self.n_unit + (1 if self.units else 0)
 
     def geometry(self, shape) -> list:
         """Per axis member: ``(P, A, Q, B, S, active)`` for a leaf of ``shape`` (``active`` 0 when its geometry
@@ -242,6 +277,9 @@ class ChainLayout:
         geos = self.geometry(shape)
         out = []
         for r_i, d in self.unit_decls:
+            if d.axis == SCALAR:
+                out.append(1)
+                continue
             P, A, Q, B, S, act = geos[self.axis_rules.index(r_i)]
             out.append(1 if not act else {"rows": P * A * Q * S, "cols": P * Q * B * S, "batch": P * Q * S}[d.axis])
         return out
@@ -250,6 +288,9 @@ class ChainLayout:
         """The shape of each unit state for a leaf of ``shape`` (the leaf's shape without the summed axes)."""
         out = []
         for (r_i, d), size in zip(self.unit_decls, self.unit_sizes(shape)):
+            if d.axis == SCALAR:
+                out.append(())
+                continue
             cuts = _cuts(self.rules[r_i], tuple(shape))
             if cuts is None:
                 out.append((size,))
@@ -264,7 +305,7 @@ class ChainLayout:
     def new_units(self, shapes, dtype) -> tuple:
         """Unit-state arenas and the geometry table for leaves of ``shapes`` (one row each: the geometry of each
         axis member, then per unit state its offset in its arena and its size); ``()`` without axis members."""
-        if not self.axis_rules:
+        if not self.units:
             return ()
         G = np.zeros((len(shapes), max(self.geo_len, 1)), dtype=np.int64)
         totals = [0] * self.n_unit

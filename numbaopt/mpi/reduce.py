@@ -97,9 +97,9 @@ class CrossRankReducer:
         row, refusal = None, None
         contributed = acc[:, -1] != 0.0
         if type(rule).scope == "tree":
-            tot = np.array([0.0 if op == "sum" else -np.inf for op in ops], dtype=np.float64)
+            tot = lay.totals(r)
             getattr(mod0, f"combine_{r}")(Pg, tot)
-            row = np.empty(len(finals), dtype=np.float64)
+            row = np.empty(lay.row_len(r), dtype=np.float64)
             getattr(mod0, f"finish_row_{r}")(tot, hp0, row)
             if "error" in finals and row[finals.index("error")] != 0.0 and contributed.any():
                 own = [i for i in np.nonzero(contributed)[0] if not all(math.isfinite(v) for v in acc[i, :-1])]

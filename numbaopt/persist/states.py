@@ -131,7 +131,7 @@ def _saved(arrays, layout) -> tuple:
 def _unit_arrays(data, name, layout, shapes, compute) -> list:
     """The unit-state arrays of leaves of ``shapes`` from the file (``{name}{k}``, after the element states), each
     checked against the sizes the layout gives those shapes, then the geometry table made afresh."""
-    if not layout.axis_rules:
+    if not layout.units:
         return []
     fresh = layout.new_units([tuple(sh) for sh in shapes], compute)  # O(rows + cols): small
     out = [_array(data, f"{name}{layout.n_state + u}", fresh[u].shape, fresh[u].dtype) for u in range(layout.n_unit)]

@@ -16,6 +16,7 @@ from .clipping import (ClipByBlockRMS, ClipGlobalNorm, ClipGrad, ClipNorm, KeepP
                        NormalizeByUpdateNorm, SkipNonFinite, ZeroNaNs)
 from .layerwise import LAMB, LARS, LAMBDirection, TrustRatio
 from .lookahead import Lookahead, LookaheadSync
+from .parameter_free import DAdaptAdamW, Prodigy
 from .recent import ADOPT, AdEMAMix
 from .sign_based import Lion, Rprop, SignDecay, Signum
 from .stages import AccumGrad, MixedPrecision
@@ -28,7 +29,7 @@ __all__ = [
     "SkipNonFinite",
     "EMA", "ADOPT", "AdEMAMix", "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize",
     "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree",
-    "ScheduleFreeSGD", "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "AccumGrad",
+    "ScheduleFreeSGD", "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "DAdaptAdamW", "Prodigy", "AccumGrad",
     "MixedPrecision"
 ]
 

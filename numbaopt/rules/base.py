@@ -11,6 +11,8 @@ A rule is declared once, as a class:
   precision (``t`` included: a float32 kernel sees ``t`` exactly up to 2**24 steps);
 * optionally a reduction (``reduce``/``reduce_ops``/``finish``/``finals``) run over the whole array
   (or the whole tree, with ``scope = "tree"``) before the elementwise pass;
+  a reduction may keep scalar state (``state(scalar=True)``, one number per array or for the tree) that
+  ``reduce`` reads and ``finish`` renews (learning-rate-free rules: Prodigy, D-Adaptation);
 * or an *axis reduction* (``axes``): the same contributions summed per unit of the leaf -- per row, per
   column, per batch of a two-axis view of it (``geometry``) -- with per-unit state (``state(axis="rows")``,
   O(rows + cols) memory) that ``finish`` updates; the step reads each element's unit's finals
@@ -34,11 +36,11 @@ import math
 import numpy as np
 
 from ..schedules import Schedule, is_schedule, real_scalar, schedule_value
-from .definition import AXES, check_definition, function_source, step_args
+from .definition import AXES, SCALAR, check_definition, function_source, step_args
 from .ops import STEP_NAMESPACE
 from .spellings import unknown_keyword_message
 
-__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "AXES", "is_scheduled",
+__all__ = ["Rule", "hyper", "option", "state", "STEP_NAMESPACE", "UNIT", "AXES", "SCALAR", "is_scheduled",
            "function_source", "step_args", "default_geometry", "whole_leaf"]
 
 
@@ -144,14 +146,19 @@ class state:
     ``when`` names a boolean option that must be set for the state to exist.
     ``axis`` (one of :data:`AXES`) makes it per-unit state of an axis reduction instead: one value per row
     (column, batch) of the leaf, which ``finish`` reads and renews, not the step.
+    ``scalar=True`` makes it the state of a reduction (``reduce``/``finish``): one real number per array, or one
+    for the whole tree with ``scope = "tree"`` (Prodigy's distance estimate), that ``reduce`` may read and
+    ``finish`` reads and renews (its ``axis`` is :data:`SCALAR`).
     """
 
     __slots__ = ("init", "real", "when", "axis", "name")
 
-    def __init__(self, init=0.0, real=False, when=None, axis=None):
+    def __init__(self, init=0.0, real=False, when=None, axis=None, scalar=False):
         if axis is not None and axis not in AXES:
             raise ValueError(f"state(axis={axis!r}); expected one of {AXES}")
-        self.init, self.real, self.when, self.axis = init, real, when, axis
+        if scalar and (axis is not None or when is not None):
+            raise ValueError("state(scalar=True) is the state of a reduction: it takes no axis and no when")
+        self.init, self.real, self.when, self.axis = init, real or scalar, when, SCALAR if scalar else axis
         self.name = None
 
 
@@ -182,6 +189,8 @@ class Rule(metaclass=_RuleMeta):
     optax: str = ""
     #: None for an elementwise rule; "accumulate" or "master" for the stages of numbaopt.rules.stages
     stage = None
+    #: whether the rule must be the last member of a chain (its state tracks the step it makes: Prodigy's x0 - x)
+    last_member: bool = False
     #: an axis reduction's units (some of AXES): ``reduce``'s contributions are summed per unit of each,
     #: ``finish(<totals>, count, <this axis's unit states>, <hyper/option names>)`` runs per unit and returns
     #: the finals then the new unit states; the step reads ``<final>_<axis>`` at its element's unit

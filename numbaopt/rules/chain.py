@@ -9,7 +9,8 @@ __all__ = ["Chain", "chain", "check_members"]
 def check_members(rules) -> tuple:
     """Check where the stages of a chain stand; returns ``rules`` as a tuple.
 
-    ``MixedPrecision`` changes the array every later member computes on, so it must come first;
+    ``MixedPrecision`` changes the array every later member computes on, so it must come first; a rule with
+    ``last_member`` (Prodigy) must come last;
     ``AccumGrad`` splits the chain into what runs on every gradient and what runs on their mean, so
     there is at most one of each.
     """
@@ -18,6 +19,9 @@ def check_members(rules) -> tuple:
         if type(r).stage == "master" and k != 0:
             raise ValueError(f"chain: {r!r} must be the first member (it makes the master copy every later "
                              f"member computes on); it is member {k} of {len(rules)}")
+        if type(r).last_member and k != len(rules) - 1:
+            raise ValueError(f"chain: {type(r).__name__} must be the last member (its state follows the step it "
+                             f"makes: a member after it would change that step); it is member {k} of {len(rules)}")
     n_acc = sum(1 for r in rules if type(r).stage == "accumulate")
     if n_acc > 1:
         raise ValueError(f"chain: {n_acc} AccumGrad members; use one (AccumGrad(a) then AccumGrad(b) is "

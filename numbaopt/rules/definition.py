@@ -8,7 +8,8 @@ import textwrap
 
 from .ops import STEP_NAMESPACE
 
-__all__ = ["function_source", "step_args", "check_definition", "units_per_axis", "AXES", "ELEMENTS"]
+__all__ = ["function_source", "step_args", "check_definition", "units_per_axis", "scalar_states", "AXES", "ELEMENTS",
+           "SCALAR"]
 
 #: the units of an axis reduction, for a leaf viewed (by its rule's ``geometry``) as ``(P, A, Q, B, S)``, the
 #: leaf's axes cut into five consecutive groups: ``rows`` are the ``(p, a, q, s)`` (a sum over the B axes),
@@ -16,6 +17,8 @@ __all__ = ["function_source", "step_args", "check_definition", "units_per_axis",
 AXES = ("rows", "cols", "batch")
 #: the axis of a matrix rule (``matrix``): every element its own unit; the finals come from ``matrix``
 ELEMENTS = "elements"
+#: the "axis" of a reduction's scalar state (``state(scalar=True)``): one unit per array (or per tree)
+SCALAR = "scalar"
 
 
 def function_source(f) -> str:
@@ -46,6 +49,9 @@ def _free_names(f) -> set:
 def check_definition(cls):
     """Fail at class creation (not at first compile) when a definition is malformed."""
     axes = tuple(cls.axes)
+    scalars = scalar_states(cls)
+    if scalars:
+        _check_scalar_states(cls, scalars)
     if axes:
         _check_axes(cls, axes)
         fin = {f"{f}_{a}" for f in cls.finals for a in axes}
@@ -68,8 +74,8 @@ def check_definition(cls):
             if args[:2] != ["g", "x"]:
                 raise TypeError(f"{cls.__name__}.reduce must start with (g, x, ...), got {args}")
             rest = args[2:]
-            if getattr(cls, "matrix", None) is not None:  # a matrix rule's contribution may read its states
-                rest = [a for a in rest if not (a in cls._states and cls._states[a].axis is None)]
+            # a contribution may read the rule's states at its element (before this step) and its scalar states
+            rest = [a for a in rest if not (a in cls._states and cls._states[a].axis in (None, SCALAR))]
         bad = [a for a in rest if a not in known]
         if bad:
             raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
@@ -97,6 +103,11 @@ def check_definition(cls):
             if not cls.scalars:
                 raise TypeError(f"{cls.__name__} defines prepare but does not name its results in `scalars`")
         n_lead = lead if lead is not None else (len(cls.reduce_ops) if not callable(cls.reduce_ops) else 0)
+        if fname == "finish" and scalars:  # the totals, then the scalar states
+            if args[n_lead:n_lead + len(scalars)] != scalars:
+                raise TypeError(f"{cls.__name__}.finish takes (<{n_lead} totals>, <the scalar states {scalars}>, "
+                                f"<hyperparameters>), got {args}")
+            n_lead += len(scalars)
         if fname == "finish" and axes:  # the totals, then count, then this axis's unit states
             n_lead += 1 + units_per_axis(cls)
             if args[len(cls.reduce_ops):len(cls.reduce_ops) + 1] != ["count"]:
@@ -110,6 +121,22 @@ def check_definition(cls):
         free = _free_names(f) - STEP_NAMESPACE
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")
+
+
+def scalar_states(cls) -> list:
+    """The names of ``cls``'s scalar states (``state(scalar=True)``), in declaration order."""
+    return [n for n, d in cls._states.items() if d.axis == SCALAR]
+
+
+def _check_scalar_states(cls, names):
+    """A reduction's scalar states: on a rule with ``reduce`` (a tuple of ops) and ``finish``, not an axis one."""
+    name = cls.__name__
+    if tuple(cls.axes):
+        raise TypeError(f"{name}: scalar state(s) {names} belong to a reduction over the array or tree; an axis "
+                        "reduction keeps per-unit state (state(axis=...))")
+    if getattr(cls, "reduce", None) is None or getattr(cls, "finish", None) is None or callable(cls.reduce_ops):
+        raise TypeError(f"{name}: scalar state(s) {names} need a reduction: reduce, a tuple of reduce_ops and "
+                        "finish (which returns the finals, then the new scalar states)")
 
 
 def _static_args(cls, fname: str):

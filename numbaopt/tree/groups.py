@@ -140,7 +140,7 @@ class TreeLeaf(Leaf):
         self.shape = tuple(shape)
         lay = group.layout
         arrays = [a[o:o + n] for a in group.arenas[:lay.n_state]]
-        if lay.axis_rules:  # the unit states at their offsets (the geometry row says where), the geometry row
+        if lay.units:  # the unit states at their offsets (the geometry row says where), the geometry row
             G = group.arenas[-1]
             base = len(G[j]) - 2 * lay.n_unit
             arrays += [a[G[j, base + 2 * u]:G[j, base + 2 * u] + G[j, base + 2 * u + 1]]
@@ -162,7 +162,7 @@ class TreeLeaf(Leaf):
         """A detached :class:`numbaopt.Leaf` with a copy of this leaf's state."""
         m = self.master
         arrays = [a.copy() for a in self.arrays]
-        if self.layout.axis_rules:  # a geometry row of its own (unit offsets 0)
+        if self.layout.units:  # a geometry row of its own (unit offsets 0)
             arrays[-1] = self.layout.new_units([self.shape], self.dtype)[-1]
         return Leaf(self.rule, self.shape, self.param_dtype, arrays=arrays,
                     hp=self.hp.copy(), counters=self.counters.copy(), master=None if m is None else m.copy())

@@ -302,10 +302,10 @@ def _phased(s, dom):
         for run in dom:
             getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
         if type(rule).scope == "tree":
-            tot = np.array([0.0 if op == "sum" else -np.inf for op in reduce_ops(rule)], dtype=np.float64)
+            tot = lay.totals(r)
             for run in dom:
                 getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
-            row = np.empty(len(type(rule).finals), dtype=np.float64)
+            row = np.empty(lay.row_len(r), dtype=np.float64)
             getattr(first.grp.mod, f"finish_row_{r}")(tot, first.hp, row)
             for run in dom:
                 getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)

@@ -517,3 +517,13 @@ def test_a_refusal_on_either_side_of_the_bus_changes_nothing(bad):
              + [_host(a).tobytes() for a in state["gpu"][0].group.arenas]
              + [state["gpu"][0].group.ts.tobytes(), state["cpu"].counters.tobytes()])
     assert after == snap
+
+
+@pytest.mark.parametrize("rule", [no.Prodigy(), no.chain(no.Centralize(), no.Adam(0.1))], ids=["scalar", "axis"])
+def test_rules_with_reduction_state_are_refused_on_the_gpu_before_anything_is_written(rule):
+    """Scalar state (Prodigy's tree-wide estimate) and axis reductions run on the CPU only: a clear TypeError at
+    setup, for one device array and for a tree of them."""
+    with pytest.raises(TypeError, match="runs on the CPU"):
+        no.setup(rule, _dev(np.ones((2, 3), np.float32)))
+    with pytest.raises(TypeError, match="runs on the CPU"):
+        no.setup(rule, {"a": _dev(np.ones((2, 3), np.float32)), "b": _dev(np.ones(3, np.float32))})
