@@ -29,6 +29,7 @@ from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax,
                     SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
 from .schedules import (Schedule, ademamix_alpha, ademamix_beta3, constant, cosine, exponential, join, linear,
                         linear_one_cycle, one_cycle, piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay,
+                        inverse_sqrt,
                         warmup_constant, warmup_cosine, warmup_exponential)
 from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
                    param_info, register_container, thaw_)
@@ -54,7 +55,7 @@ __all__ = [
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",
-    "sgdr", "sgdr_cycles", "ademamix_alpha", "ademamix_beta3", "ReduceOnPlateau",
+    "sgdr", "sgdr_cycles", "inverse_sqrt", "ademamix_alpha", "ademamix_beta3", "ReduceOnPlateau",
     # trees
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
     "param_info", "freeze_", "thaw_", "destructure",

@@ -3,7 +3,8 @@
 Adam is the yardstick (``bench_core.AdamInplace`` holds it against a hand-written kernel): an elementwise rule
 with two state arrays costs about what Adam costs at memory-bound sizes; a rule with a per-array reduction
 (``ClipByBlockRMS``, ``NormalizeByUpdateNorm``, ``ClipNorm`` with a general ``p``) reads the gradient once more,
-in the dry pass, before the fused pass. The rules of 2024 (ADOPT, AdEMAMix) sit here beside their elders.
+in the dry pass, before the fused pass. The rules of 2024 (ADOPT, AdEMAMix) sit here beside their elders, and the
+learning-rate-free ones (DAdaptAdamW, Prodigy: a dry pass over the gradient and two states, then the fused pass).
 """
 import numpy as np
 
@@ -22,6 +23,8 @@ RULES = {
     "ClipByBlockRMS+Adam": lambda: no.chain(no.ClipByBlockRMS(1.0), no.Adam(1e-3)),
     "NormalizeByUpdateNorm+Descent": lambda: no.chain(no.NormalizeByUpdateNorm(), no.Descent(1e-3)),
     "ClipNorm(p=3)+Adam": lambda: no.chain(no.ClipNorm(1.0, p=3), no.Adam(1e-3)),
+    "DAdaptAdamW": lambda: no.DAdaptAdamW(),
+    "Prodigy": lambda: no.Prodigy(),
 }
 
 _case = {}

@@ -40,6 +40,11 @@ def precision(a):
 
 
 @njit(inline="always", **_NJ)
+def epsilon():
+    return _R(np.finfo(_R).eps)
+
+
+@njit(inline="always", **_NJ)
 def clamp(a, lo, hi):
     return min(max(a, lo), hi)
 

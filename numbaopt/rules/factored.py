@@ -12,10 +12,11 @@ import numbers
 import numpy as np
 
 from .base import Rule, hyper, option, state, whole_leaf
+from ..schedules import inverse_sqrt
 from .basic import EMA, Descent, WeightDecay
 from .chain import chain
 from .clipping import ClipByBlockRMS
-from .ops import abs2, imag, number, real
+from .ops import abs2, epsilon, imag, number, real, sqrt
 
 __all__ = ["Centralize", "AdaptiveGradClip", "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad"]
 
@@ -136,10 +137,13 @@ class SizeOption(option):
         return int(value)
 
 
-def _factored_axes(shape, factored, min_dim_size_to_factor):
+def _factored_axes(shape, factored, min_dim_size_to_factor, convention="optax"):
     """optax's choice: the two largest axes (``np.argsort``), factored when the smaller of them has at least
-    ``min_dim_size_to_factor`` entries; otherwise every element is a row of its own (unfactored)."""
+    ``min_dim_size_to_factor`` entries; torch's: the last two axes of every array of two axes or more. Otherwise
+    every element is a row of its own (unfactored)."""
     nd = len(shape)
+    if factored and nd >= 2 and convention == "torch":
+        return (nd - 2, nd - 1, nd - 1, nd)
     if factored and nd >= 2:
         order = np.argsort(shape)
         if shape[order[-2]] >= min_dim_size_to_factor:
@@ -156,6 +160,12 @@ class ScaleByFactoredRMS(Rule):
     kept as a state of its own) and ``d = g / sqrt(v_row * v_col / v_mean)``: O(rows + cols) state. An array
     whose second-largest axis is shorter than ``min_dim_size_to_factor`` (every array when ``factored=False``)
     keeps ``v_row`` per element and steps ``d = g / sqrt(v_row)``.
+
+    ``convention="torch"`` (``torch.optim.Adafactor``): the last two axes of every array with two or more
+    (``min_dim_size_to_factor`` is not used), ``G = |g|^2``, ``d = g / sqrt(max(v_row * v_col / max(v_mean, eps),
+    eps^2))`` and ``d = g / max(sqrt(v_row), eps)`` unfactored, with ``eps = 0`` meaning the machine epsilon of
+    the parameters' precision (torch's ``eps=(None, ...)``). A matrix with one column is stepped as unfactored
+    (the same unless its mean square is below ``eps``).
 
     ``v_row`` sums over the later of the two axes and ``v_col`` over the earlier (optax names them by size; the
     step is the same). optax computes ``rho`` in float32 whatever the parameters; here it is in the parameters'
@@ -174,40 +184,49 @@ class ScaleByFactoredRMS(Rule):
     """
     decay_rate = hyper(0.8, low=0.0, doc="rho = 1 - (t - step_offset)^-decay_rate")
     step_offset = hyper(0.0, low=0.0, doc="the step at which a fine-tuning run restarts the decay schedule")
-    eps = hyper(1e-30, low=0.0, doc="added to |g|^2")
+    eps = hyper(1e-30, low=0.0, doc="added to |g|^2 (optax); the floor of sqrt(v), 0: machine epsilon (torch)")
     factored = option(True)
     min_dim_size_to_factor = SizeOption(128, doc="factor only when the second-largest axis has this many entries")
+    convention = option("optax", choices=("optax", "torch"))
     v_row = state(0.0, real=True, axis="rows")
     v_col = state(0.0, real=True, axis="cols")
     v_mean = state(0.0, real=True, axis="batch")
     axes = ("rows", "cols", "batch")
     reduce_ops = ("sum",)
-    finals = ("rsqrt",)  # 1/sqrt(v) per unit: the step multiplies (no square root per element)
-    scalars = ("rho",)
-    torch = "(torch.optim.Adafactor: another eps and step-size convention)"
+    finals = ("factor", "n")  # optax: 1/sqrt(v) per unit (the step multiplies); torch: v; n: the unit's size
+    scalars = ("rho", "floor")
+    torch = "Adafactor's second moment, convention='torch' (torch.optim.Adafactor)"
     optax = "scale_by_factored_rms(factored, decay_rate, step_offset, min_dim_size_to_factor, eps)"
 
     @staticmethod
-    def geometry(shape, factored, min_dim_size_to_factor):
-        return _factored_axes(shape, factored, min_dim_size_to_factor)
+    def geometry(shape, factored, min_dim_size_to_factor, convention):
+        return _factored_axes(shape, factored, min_dim_size_to_factor, convention)
 
     @staticmethod
-    def prepare(t, decay_rate, step_offset):
-        return (1 - (t - step_offset) ** -decay_rate,)
+    def prepare(t, decay_rate, step_offset, eps):
+        return 1 - (t - step_offset) ** -decay_rate, (eps if eps > 0 else epsilon())
 
     @staticmethod
-    def reduce(g, x, eps):
+    def reduce(g, x, eps, convention):
+        if convention == "torch":
+            return abs2(g)
         return abs2(g) + eps
 
     @staticmethod
-    def finish(total, count, v, rho):
+    def finish(total, count, v, rho, convention):
         v = rho * v + (1.0 - rho) * (total / count if count > 0.0 else 0.0)  # (an empty array's units)
-        return 1.0 / math.sqrt(v), v
+        if convention == "torch":
+            return v, count, v
+        return 1.0 / math.sqrt(v), count, v
 
     @staticmethod
-    def step(g, x, rsqrt_rows, rsqrt_cols, rsqrt_batch):
+    def step(g, x, convention, floor, factor_rows, factor_cols, factor_batch, n_rows, n_cols, n_batch):
+        if convention == "torch":
+            if n_rows == 1 and n_cols == n_batch:  # unfactored: the estimate is v_row
+                return g / max(sqrt(factor_rows), floor)
+            return g / sqrt(max(factor_rows * factor_cols / max(factor_batch, floor), floor * floor))
         # g / sqrt(v_row * v_col / v_mean)
-        return g * (rsqrt_rows * rsqrt_cols) / rsqrt_batch
+        return g * (factor_rows * factor_cols) / factor_batch
 
 
 class ScaleByParamBlockRMS(Rule):
@@ -245,12 +264,19 @@ class ScaleByParamBlockRMS(Rule):
 
 def Adafactor(lr=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=0.0,
               multiply_by_parameter_scale=True, clipping_threshold=1.0, momentum=None, weight_decay_rate=None,
-              eps=1e-30, factored=True):
+              eps=None, factored=True, *, min_scale=1e-3, convention="optax"):
     """Adafactor (optax's ``adafactor``, the same arguments): the chain ``ScaleByFactoredRMS(decay_rate,
     decay_offset, eps, factored=, min_dim_size_to_factor=)``, ``ClipByBlockRMS(clipping_threshold)`` (unless
-    None), ``Descent(lr)`` (unless None: then the step is the relative step alone), ``ScaleByParamBlockRMS()``
+    None), ``Descent(lr)`` (unless None: then the step is the relative step alone), ``ScaleByParamBlockRMS(min_scale)``
     (when ``multiply_by_parameter_scale``), ``EMA(momentum, debias=False)`` (unless None) and
-    ``WeightDecay(weight_decay_rate)`` (unless None).
+    ``WeightDecay(weight_decay_rate)`` (unless None). ``eps`` defaults to 1e-30.
+
+    ``convention="torch"`` is ``torch.optim.Adafactor(lr, beta2_decay=-decay_rate, eps=(eps, min_scale),
+    d=clipping_threshold, weight_decay=weight_decay_rate)``: the second moment factored over the last two axes
+    (``ScaleByFactoredRMS(convention="torch")``, ``eps=None`` the machine epsilon), the clip, the step size
+    ``min(lr, 1/sqrt(t))`` (:class:`numbaopt.inverse_sqrt`; ``lr`` defaults to 1e-2) times ``max(min_scale,
+    rms(x))`` and the decoupled decay ``lr * weight_decay_rate * x``; ``momentum`` and ``decay_offset`` must be
+    left at their defaults there.
 
     Shazeer and Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", 2018.
     https://arxiv.org/abs/1804.04235
@@ -261,19 +287,46 @@ def Adafactor(lr=None, min_dim_size_to_factor=128, decay_rate=0.8, decay_offset=
     >>> print(x.round(4))
     [[0.7399 0.7399 0.7399]
      [0.7399 0.7399 0.7399]]
+    >>> rule = no.Adafactor(lr=0.01, convention="torch")   # torch.optim.Adafactor(params, lr=0.01)
     """
-    members = [ScaleByFactoredRMS(decay_rate, decay_offset, eps, factored=factored,
+    if convention == "torch":
+        return _torch_adafactor(lr, decay_rate, decay_offset, multiply_by_parameter_scale, clipping_threshold,
+                                momentum, weight_decay_rate, eps, factored, min_scale)
+    if convention != "optax":
+        raise ValueError(f"Adafactor: convention={convention!r}; expected 'optax' or 'torch'")
+    members = [ScaleByFactoredRMS(decay_rate, decay_offset, 1e-30 if eps is None else eps, factored=factored,
                                   min_dim_size_to_factor=min_dim_size_to_factor)]
     if clipping_threshold is not None:
         members.append(ClipByBlockRMS(clipping_threshold))
     if lr is not None:
         members.append(Descent(lr))
     if multiply_by_parameter_scale:
-        members.append(ScaleByParamBlockRMS())
+        members.append(ScaleByParamBlockRMS(min_scale))
     if momentum is not None:
         members.append(EMA(momentum, debias=False))
     if weight_decay_rate is not None:
         members.append(WeightDecay(weight_decay_rate))
+    return chain(*members)
+
+
+def _torch_adafactor(lr, decay_rate, decay_offset, multiply_by_parameter_scale, clipping_threshold, momentum,
+                     weight_decay_rate, eps, factored, min_scale):
+    bad = [n for n, v, d in (("momentum", momentum, None), ("decay_offset", decay_offset, 0.0),
+                             ("multiply_by_parameter_scale", multiply_by_parameter_scale, True)) if v != d]
+    if bad:
+        raise ValueError(f"Adafactor(convention='torch'): {', '.join(bad)} has no torch.optim.Adafactor "
+                         "counterpart; leave it at its default")
+    lr = 1e-2 if lr is None else lr
+    if not isinstance(lr, numbers.Real) or isinstance(lr, bool):
+        raise TypeError(f"Adafactor(convention='torch'): lr must be a number (the step size is min(lr, 1/sqrt(t))), "
+                        f"got {lr!r}")
+    members = [ScaleByFactoredRMS(decay_rate, 0.0, 0.0 if eps is None else eps, factored=factored,
+                                  convention="torch")]
+    if clipping_threshold is not None:
+        members.append(ClipByBlockRMS(clipping_threshold))
+    members += [Descent(inverse_sqrt(lr)), ScaleByParamBlockRMS(min_scale)]
+    if weight_decay_rate:
+        members.append(WeightDecay(lr * weight_decay_rate))
     return chain(*members)
 
 

@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "imag", "number", "precision", "isfinite",
+__all__ = ["sqrt", "abs2", "sign", "clamp", "absval", "conj", "real", "imag", "number", "precision", "epsilon",
+           "isfinite",
            "hypot", "exp", "log",
            "one_minus_pow", "INF", "STEP_NAMESPACE"]
 
@@ -75,6 +76,12 @@ def precision(a):
     """``a`` as a real number of the parameters' precision (float32 for float32 parameters): how a matrix rule
     keeps its array code in that precision (a float64 scalar times a float32 array is a float64 array)."""
     return float(a)
+
+
+def epsilon():
+    """The machine epsilon of the parameters' real precision (``np.finfo(float32).eps`` for float32 parameters):
+    torch's default floors, which depend on the dtype."""
+    return float(np.finfo(np.float64).eps)
 
 
 def isfinite(a):

@@ -29,12 +29,12 @@ The package in modules: ``base`` (:class:`Schedule`, the convention's functions,
 """
 from .base import Schedule, constant, is_schedule, join, real_scalar, schedule_table, schedule_value
 from .cycles import linear_one_cycle, one_cycle, sgdr, sgdr_cycles
-from .decay import cosine, exponential, linear, piecewise_constant, polynomial, step_decay
+from .decay import cosine, exponential, inverse_sqrt, linear, piecewise_constant, polynomial, step_decay
 from .warmup import ademamix_alpha, ademamix_beta3, warmup_constant, warmup_cosine, warmup_exponential
 
 __all__ = ["Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
            "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential",
-           "linear_one_cycle", "sgdr", "sgdr_cycles", "ademamix_alpha", "ademamix_beta3", "schedule_value",
+           "linear_one_cycle", "sgdr", "sgdr_cycles", "inverse_sqrt", "ademamix_alpha", "ademamix_beta3", "schedule_value",
            "schedule_table", "real_scalar",
            "is_schedule"]
 

@@ -1,5 +1,5 @@
 """Schedules that go from a start to an end value: linear, polynomial, exponential, piecewise constant,
-cosine. The step convention: see the package's docstring (``numbaopt.schedules``)."""
+cosine, and the inverse square root. The step convention: see the package's docstring (``numbaopt.schedules``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,7 +8,7 @@ import numpy as np
 
 from .base import Schedule, check_num
 
-__all__ = ["linear", "polynomial", "exponential", "piecewise_constant", "step_decay", "cosine"]
+__all__ = ["linear", "polynomial", "exponential", "piecewise_constant", "step_decay", "cosine", "inverse_sqrt"]
 
 
 def _ts(ts):
@@ -134,3 +134,27 @@ class cosine(Schedule):
     def values(self, ts):
         frac = np.clip((_ts(ts) - 1) / self.steps, 0.0, 1.0)
         return self.end + (self.start - self.end) * 0.5 * (1 + np.cos(np.pi * frac))
+
+
+class inverse_sqrt(Schedule):
+    """``min(peak, 1 / sqrt(t))``: Adafactor's relative step size (``rho_t`` of ``torch.optim.Adafactor``, whose
+    ``lr`` is ``peak``; ``peak=0.01`` is the paper's ``min(1e-2, 1/sqrt(t))``).
+
+    Shazeer and Stern, "Adafactor: Adaptive Learning Rates with Sublinear Memory Cost", 2018, section 8.
+    https://arxiv.org/abs/1804.04235
+
+    Examples
+    --------
+    >>> s = no.inverse_sqrt(0.25)
+    >>> [s(t) for t in (1, 16, 25, 100)]
+    [0.25, 0.25, 0.2, 0.1]
+    """
+
+    def __init__(self, peak: float) -> None:
+        self.peak = check_num("peak", peak, low=0.0)
+
+    def _params(self):
+        return {"peak": self.peak}
+
+    def values(self, ts):
+        return np.minimum(self.peak, 1.0 / np.sqrt(_ts(ts)))
