@@ -1,6 +1,6 @@
 """The learning-rate-free rules measured: one in-place step of DAdaptAdamW and Prodigy beside Adam, on one float32
 array (small and large) and on ResNet-18's shapes as a tree (one estimate over every leaf), medians of interleaved
-rounds; ``--optax`` adds optax's jitted ``contrib.prodigy`` on the tree.
+rounds; ``--optax`` adds optax's jitted ``contrib.dadapt_adamw`` and ``contrib.prodigy`` on the tree.
 
     python benchmarks/parameter_free.py --rounds 15 [--optax]
 """
@@ -23,10 +23,10 @@ RULES = {
 }
 
 
-def _optax_case(model, grads):
+def _optax_case(model, grads, name):
     import jax
     import optax
-    tx = optax.contrib.prodigy()
+    tx = getattr(optax.contrib, name)()
     params = jax.tree_util.tree_map(jax.numpy.asarray, model)
     g = jax.tree_util.tree_map(jax.numpy.asarray, grads)
     st = tx.init(params)
@@ -63,7 +63,8 @@ def main(argv=None) -> None:
             st, mm = no.setup(make(), m), {k: v.copy() for k, v in m.items()}
             fs[name] = (lambda st=st, mm=mm, g=g: no.update_(st, mm, g))
         if args.optax and label.startswith("ResNet"):
-            fs["optax contrib.prodigy (jit)"] = _optax_case(m, g)
+            for name in ("dadapt_adamw", "prodigy"):
+                fs[f"optax contrib.{name} (jit)"] = _optax_case(m, g, name)
         med = timed(fs, args.rounds)
         print(f"\n{label}\n| rule | ms | / Adam |\n|---|---|---|")
         for k, v in med.items():

@@ -51,7 +51,8 @@ __all__ = [
     "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard", "SkipNonFinite", "EMA", "ADOPT", "AdEMAMix",
     "NormalizeByUpdateNorm", "ZeroNaNs", "KeepParamsNonNegative", "Centralize", "AdaptiveGradClip",
     "ScaleByFactoredRMS", "ScaleByParamBlockRMS", "Adafactor", "NovoGrad", "ScheduleFree", "ScheduleFreeSGD",
-    "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "DAdaptAdamW", "Prodigy", "eval_params", "AccumGrad", "MixedPrecision",
+    "ScheduleFreeAdamW", "ParamAverage", "Muon", "muon", "DAdaptAdamW", "Prodigy", "eval_params", "AccumGrad",
+    "MixedPrecision",
     # schedules
     "schedules", "Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
     "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential", "linear_one_cycle",

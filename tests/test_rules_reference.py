@@ -510,7 +510,7 @@ def test_custom_rules_doc_examples_run(tmp_path):
     import runpy
     text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "custom_rules.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 5  # an elementwise rule, a reduction, its scalar state, an axis reduction, evaluation parameters
+    assert len(blocks) == 5  # elementwise, a reduction, its scalar state, an axis reduction, evaluation parameters
     script = tmp_path / "custom_rules_doc.py"  # rules are read from a real source file
     script.write_text("\n".join(blocks))
     runpy.run_path(str(script))

@@ -211,7 +211,8 @@ class ChainLayout:
         scalar = [type(self.rules[r]).__name__ for r in range(len(self.rules)) if self.n_scalar(r)]
         if scalar:
             raise TypeError(f"{where}: {', '.join(scalar)} (a reduction with scalar state, e.g. a tree-wide "
-                            "learning-rate estimate) runs on the CPU through numbaopt.update/update_ only, not here yet")
+                            "learning-rate estimate) runs on the CPU through numbaopt.update/update_ only, "
+                            "not here yet")
 
     def scalar_units(self, r: int) -> list:
         """The unit-state indices of member r's scalar states (``state(scalar=True)``), in declaration order."""

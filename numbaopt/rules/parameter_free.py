@@ -43,7 +43,7 @@ class DAdaptAdamW(Rule):
     s = state(0.0)
     d = state("d0", scalar=True)
     numerator = state(0.0, scalar=True)
-    scalars = ("bc",)
+    scalars = ("bc", "c")
     reduce_ops = ("sum", "sum")
     finals = ("d_now",)
     scope = "tree"
@@ -52,11 +52,10 @@ class DAdaptAdamW(Rule):
 
     @staticmethod
     def prepare(t, beta1, beta2):
-        return (sqrt(one_minus_pow(beta2, t)) / one_minus_pow(beta1, t),)
+        return sqrt(one_minus_pow(beta2, t)) / one_minus_pow(beta1, t), sqrt(beta2)
 
     @staticmethod
-    def reduce(g, x, v, s, d, lr, beta2, eps, bc):
-        c = sqrt(beta2)
+    def reduce(g, x, v, s, d, lr, eps, bc, c):
         dlr = d * lr * bc
         s_new = c * s + (1 - c) * dlr * g
         return (1 - c) * dlr * real(conj(g) * s) / (sqrt(v) + eps), absval(s_new)
@@ -69,8 +68,7 @@ class DAdaptAdamW(Rule):
         return d, d_new, numerator
 
     @staticmethod
-    def step(g, x, m, v, s, lr, beta1, beta2, eps, weight_decay, bc, d_now):
-        c = sqrt(beta2)
+    def step(g, x, m, v, s, lr, beta1, beta2, eps, weight_decay, bc, c, d_now):
         dlr = d_now * lr * bc
         m = beta1 * m + (1 - beta1) * dlr * g
         v = beta2 * v + (1 - beta2) * abs2(g)
@@ -112,7 +110,7 @@ class Prodigy(Rule):
     p = state(0.0)
     d = state("d0", scalar=True)
     numerator = state(0.0, scalar=True)
-    scalars = ("bc",)
+    scalars = ("bc", "b3")
     reduce_ops = ("sum", "sum")
     finals = ("d_now", "d_next")
     scope = "tree"
@@ -127,12 +125,11 @@ class Prodigy(Rule):
             raise ValueError(f"Prodigy: beta3={b3!r}; expected -1 (sqrt(beta2)) or a number in [0, 1)")
 
     @staticmethod
-    def prepare(t, beta1, beta2):
-        return (sqrt(one_minus_pow(beta2, t)) / one_minus_pow(beta1, t),)
+    def prepare(t, beta1, beta2, beta3):
+        return sqrt(one_minus_pow(beta2, t)) / one_minus_pow(beta1, t), (beta3 if beta3 >= 0 else sqrt(beta2))
 
     @staticmethod
-    def reduce(g, x, s, p, d, lr, beta2, beta3, d0, bc, safeguard_warmup):
-        b3 = beta3 if beta3 >= 0 else sqrt(beta2)
+    def reduce(g, x, s, p, d, lr, d0, bc, b3, safeguard_warmup):
         dlr = d * lr * bc
         s_new = b3 * s + ((d if safeguard_warmup else dlr) * d / d0) * g
         return (d / d0) * dlr * real(conj(g) * p), absval(s_new)
@@ -145,8 +142,7 @@ class Prodigy(Rule):
         return d, d_new, d_new, numerator
 
     @staticmethod
-    def step(g, x, m, v, s, p, lr, beta1, beta2, beta3, eps, d0, weight_decay, safeguard_warmup, bc, d_now, d_next):
-        b3 = beta3 if beta3 >= 0 else sqrt(beta2)
+    def step(g, x, m, v, s, p, lr, beta1, beta2, eps, d0, weight_decay, safeguard_warmup, bc, b3, d_now, d_next):
         dlr = d_now * lr * bc
         dg = d_now * g
         m = beta1 * m + (1 - beta1) * dg

@@ -34,7 +34,8 @@ from .warmup import ademamix_alpha, ademamix_beta3, warmup_constant, warmup_cosi
 
 __all__ = ["Schedule", "constant", "linear", "exponential", "piecewise_constant", "step_decay", "cosine",
            "warmup_cosine", "one_cycle", "join", "polynomial", "warmup_constant", "warmup_exponential",
-           "linear_one_cycle", "sgdr", "sgdr_cycles", "inverse_sqrt", "ademamix_alpha", "ademamix_beta3", "schedule_value",
+           "linear_one_cycle", "sgdr", "sgdr_cycles", "inverse_sqrt", "ademamix_alpha", "ademamix_beta3",
+           "schedule_value",
            "schedule_table", "real_scalar",
            "is_schedule"]
 
