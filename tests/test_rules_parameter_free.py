@@ -360,3 +360,117 @@ def test_a_user_rule_with_scalar_state_keeps_a_running_maximum():
             np.testing.assert_allclose(model[k], before[k] - g[k] / peaks[k], rtol=1e-15)
             assert float(leaf(state, k).state["peak"]) == peaks[k]
     assert sqrt  # (the names a body may use are importable from numbaopt.rules.ops)
+
+
+# ---- composed with the rest ----------------------------------------------------------------------------------------
+def copy_model(m):
+    return {"enc": {k: v.copy() for k, v in m["enc"].items()}, "dec": [m["dec"][0].copy()]}
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
+def test_skip_nonfinite_leaves_the_estimate_and_everything_else_as_it_was(inplace):
+    xs, grads = data(np.float64, SHAPES, seed=21)
+    model = as_model([x.copy() for x in xs])
+    state = no.setup(no.SkipNonFinite(no.Prodigy()), model)
+    step = no.update_ if inplace else no.update
+    kept = []
+    for k, gs in enumerate(grads[:12]):
+        g = as_model([a.copy() for a in gs])
+        if k % 4 == 3:
+            g["enc"]["b"][1] = np.nan  # the whole tree's step is skipped
+        else:
+            kept.append(gs)
+        d_before = float(leaf(state, "enc", "w").state["d"])
+        state, model = step(state, model, g)
+        if k % 4 == 3:
+            assert float(leaf(state, "enc", "w").state["d"]) == d_before
+    expect, d = r_prodigy(xs, kept)
+    for got, e in zip(leaves_of(model), expect):
+        np.testing.assert_allclose(got, e, rtol=F64_TOL, atol=F64_TOL)
+    assert math.isclose(float(leaf(state, "dec", 0).state["d"]), d, rel_tol=1e-10)
+
+
+def test_a_refused_step_writes_no_scalar_state():
+    xs, grads = data(np.float64, SHAPES, seed=23)
+    model = as_model([x.copy() for x in xs])
+    state = no.setup(no.chain(no.ClipGlobalNorm(1.0), no.DAdaptAdamW()), model)
+    for gs in grads[:3]:
+        state, model = no.update_(state, model, as_model(gs))
+    before = {p: {k: np.array(v, copy=True) for k, v in leaf(state, *p).state.items()}
+              for p in (("enc", "w"), ("enc", "b"), ("dec", 0))}
+    x_before = copy_model(model)
+    bad = as_model([g.copy() for g in grads[3]])
+    bad["dec"][0][0] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        no.update_(state, model, bad)
+    for p, arrays in before.items():
+        for k, v in arrays.items():
+            assert np.array_equal(leaf(state, *p).state[k], v), (p, k)
+    for a, b in zip(leaves_of(model), leaves_of(x_before)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_mixed_precision_master_equals_a_float32_run():
+    xs, grads = data(np.float32, SHAPES, seed=25)
+    m16 = as_model([x.astype(np.float16) for x in xs])
+    m32 = as_model([x.astype(np.float16).astype(np.float32) for x in xs])
+    s16 = no.setup(no.chain(no.MixedPrecision(np.float32), no.Prodigy()), m16)
+    s32 = no.setup(no.Prodigy(), m32)
+    for gs in grads[:8]:
+        s16, m16 = no.update_(s16, m16, as_model([g.astype(np.float16) for g in gs]))
+        s32, m32 = no.update_(s32, m32, as_model([g.astype(np.float16).astype(np.float32) for g in gs]))
+    for a, b in zip(leaves_of(m16), leaves_of(m32)):
+        assert a.dtype == np.float16 and np.array_equal(a, b.astype(np.float16))
+    assert float(leaf(s16, "enc", "w").state["d"]) == float(leaf(s32, "enc", "w").state["d"])
+
+
+def test_a_frozen_leaf_is_left_out_of_the_estimate():
+    xs, grads = data(np.float64, SHAPES, seed=27)
+    model = as_model([x.copy() for x in xs])
+    state = no.setup(no.Prodigy(), model)
+    no.freeze_(state["dec"])
+    for gs in grads[:10]:
+        state, model = no.update_(state, model, as_model(gs))
+    expect, d = r_prodigy(xs[:2], [gs[:2] for gs in grads[:10]])
+    for got, e in zip(leaves_of(model)[:2], expect):
+        np.testing.assert_allclose(got, e, rtol=F64_TOL, atol=F64_TOL)
+    assert np.array_equal(model["dec"][0], xs[2]) and float(leaf(state, "dec", 0).state["d"]) == 1e-6
+
+
+def test_jit_step_from_user_njit_code_equals_update_():
+    from numba import njit
+    (x0,), grads = data(np.float64, seed=29)
+    step, S, hp = no.jit_step(no.DAdaptAdamW(), x0)
+
+    @njit
+    def run(x, gs, S, hp):
+        for t in range(gs.shape[0]):
+            step(x, gs[t], S, hp, t + 1)
+
+    x1 = x0.copy()
+    run(x1, np.array([g for (g,) in grads]), S, hp)
+    s, x2 = no.setup(no.DAdaptAdamW(), x0), x0.copy()
+    for (g,) in grads:
+        s, x2 = no.update_(s, x2, g)
+    assert x1.tobytes() == x2.tobytes()
+
+
+def test_pickle_and_tied_parameters():
+    import pickle
+    rng = np.random.default_rng(31)
+    w = rng.standard_normal((3, 2))
+    model = {"a": w, "b": w, "c": rng.standard_normal(4)}  # "a" and "b" are one tied parameter
+    state = no.setup(no.Prodigy(), model)
+    g = [{"a": 1 + 0.1 * rng.standard_normal((3, 2)), "b": 1 + 0.1 * rng.standard_normal((3, 2)),
+          "c": 1 + 0.1 * rng.standard_normal(4)} for _ in range(6)]  # a steady direction: the estimate grows
+    for gs in g[:3]:
+        state, model = no.update_(state, model, gs)
+    back = pickle.loads(pickle.dumps(state))
+    m2 = {"a": model["a"].copy(), "c": model["c"].copy()}
+    m2["b"] = m2["a"]
+    for gs in g[3:]:
+        state, model = no.update_(state, model, gs)
+        back, m2 = no.update_(back, m2, gs)
+    assert model["a"] is model["b"] and m2["a"].tobytes() == model["a"].tobytes()
+    assert m2["c"].tobytes() == model["c"].tobytes()
+    assert float(back["a"].state["d"]) == float(state["c"].state["d"]) > 1e-6
