@@ -59,15 +59,14 @@ def _size(s: str) -> int:
 
 def catalog():
     """Every rule of numbaopt at its defaults, option variants, and the composites (chains); not the axis and
-    matrix rules (Adafactor's factored moments, Muon) nor the rules with scalar state (Prodigy), which the GPU
-    backend refuses for now."""
+    matrix rules (Adafactor's factored moments, Muon), which the GPU backend refuses for now."""
     import numbaopt as no
     from numbaopt import rules as R
     out = []
     for name in R.__all__:
         obj = getattr(R, name)
         if isinstance(obj, type) and issubclass(obj, no.Rule) and obj is not no.Rule and obj.stage is None \
-                and not obj.axes and not any(d.axis for d in obj._states.values()):
+                and not obj.axes:
             out.append(obj())
     out += [no.RMSProp(centred=True), no.AdamW(weight_decay=0.1, couple=False), no.ClipNorm(1.0, p=float("inf")),
             no.ClipNorm(1.0, p=1.0), no.LAMB(weight_decay=0.1), no.LARS(0.5, weight_decay=0.1),

@@ -36,12 +36,13 @@ import ast
 import numpy as np
 
 from .cpu import GENERATOR_VERSION
-from .elements import element_lines, load_lines, reduction_lines, rule_functions
+from .axes import array_names
+from .elements import element_lines, finish_call, load_lines, reduction_lines, rule_functions, scalar_loads
 from .layout import ChainLayout, real_dtype, reduce_ops
 from . import prelude
 __all__ = ["generate_source", "Plan", "NO_STATUS", "CUDA_GENERATOR_VERSION"]
 
-CUDA_GENERATOR_VERSION = "2"
+CUDA_GENERATOR_VERSION = "3"
 
 #: ``st[0]`` when no rule blocked the step (int64 max: every real key is smaller)
 NO_STATUS = (1 << 63) - 1
@@ -63,7 +64,7 @@ class Plan:
     """Where each reducer's accumulators and finals sit in ``acc``/``fin`` (columns)."""
 
     def __init__(self, layout: ChainLayout):
-        self.abase, self.fbase, self.nops, self.nfin, self.tree = {}, {}, {}, {}, {}
+        self.abase, self.fbase, self.nops, self.nfin, self.tree, self.units = {}, {}, {}, {}, {}, {}
         a = f = 0
         for r in layout.reducers:
             rule = layout.rules[r]
@@ -71,8 +72,9 @@ class Plan:
             self.nops[r] = len(reduce_ops(rule))
             self.nfin[r] = len(type(rule).finals)
             self.tree[r] = type(rule).scope == "tree"
+            self.units[r] = layout.scalar_units(r)  # scalar states: the new values follow the finals in fin
             a += self.nops[r]
-            f += self.nfin[r]
+            f += self.nfin[r] + len(self.units[r])
         self.acc_cols, self.fin_cols = max(a, 1), max(f, 1)
         self.ops = {r: reduce_ops(layout.rules[r]) for r in layout.reducers}
         self.status = any(("error" in type(layout.rules[r]).finals or "skip" in type(layout.rules[r]).finals)
@@ -118,9 +120,19 @@ def _elem_body(layout, indent, write_x, write_s):
     return L
 
 
+def _state_writes(layout, plan, W, idx, row, indent):
+    """The new scalar states (from ``fin``, after every check) into ``{W}u{u}[idx]``: one thread per leaf."""
+    L = []
+    for r in layout.reducers:
+        rr = "0" if plan.tree[r] else row
+        L += [f"{indent}{W}u{u}[{idx}] = fin[{rr}, {plan.fbase[r] + plan.nfin[r] + k}]"
+              for k, u in enumerate(plan.units[r])]
+    return L
+
+
 def _single_kernels(layout, plan):
-    S = [f"S{k}" for k in range(layout.n_state)]
-    O = [f"O{k}" for k in range(layout.n_state)]
+    S = array_names(layout, "S")  # element states, then (with scalar states) unit arrays and the geometry row
+    O = array_names(layout, "O")
     red = ["fin", "st"] if layout.reducers else []
     L = []
     for name, outp in (("inplace", False), ("outplace", True)):
@@ -130,6 +142,9 @@ def _single_kernels(layout, plan):
             L += ["    if st[0] != NO_STATUS:", "        return"]
         L += ["    n = x.shape[0]"] + load_lines(layout, "    ", "t")
         L += _finals_lines(layout, plan, None, "    ", "0")
+        writes = _state_writes(layout, plan, "O" if outp else "S", "0", "0", "        ")
+        if writes:
+            L += ["    if cuda.grid(1) == 0:"] + writes
         L += ["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:"]
         L += _elem_body(layout, "        ", "xo" if outp else "x", (lambda k: O[k]) if outp else (lambda k: S[k]))
         L += ["        i += stride", ""]
@@ -139,19 +154,20 @@ def _single_kernels(layout, plan):
         if r == layout.reducers[0]:
             L += ["    if cuda.grid(1) == 0:", "        st[0] = NO_STATUS"]
         L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "0")
+        L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", "    ")
 
         def loop(body):
             return (["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:",
                      "        gi = g[i]", "        xi = x[i]"] + ["        " + b for b in body]
                     + ["        i += stride"])
 
-        L += reduction_lines(layout, r, loop, "    ")[:-1]  # the finish call runs in finish_r
+        L += reduction_lines(layout, r, loop, "    ", finish=False)  # the finish call runs in finish_r
         L += _block_reduce(plan, r, "    ", "0") + [""]
     return L
 
 
 def _multi_kernels(layout, plan):
-    A = [f"A{k}" for k in range(layout.n_state)]
+    A = array_names(layout, "A")
     red = ["fin", "st"] if layout.reducers else []
     head = ["xaddr", "gaddr", "sizes", "offsets", "bleaf", "bstart"]
 
@@ -166,6 +182,9 @@ def _multi_kernels(layout, plan):
     if red:
         L += ["    if st[0] != NO_STATUS:", "        return"]
     L += leaf_lines() + load_lines(layout, "    ", "t") + _finals_lines(layout, plan, None, "    ", "j")
+    writes = _state_writes(layout, plan, "A", "j", "j", "        ")  # a leaf's scalar states: index j
+    if writes:
+        L += ["    if start == 0 and tid == 0:"] + writes
     L += ["    i = start + tid", "    while i < end:"]
     L += _elem_body(layout, "        ", "x", lambda k: f"S{k}")
     L += ["        i += TPB", ""]
@@ -175,12 +194,13 @@ def _multi_kernels(layout, plan):
         if r == layout.reducers[0]:
             L += ["    if b == 0 and tid == 0:", "        st[0] = NO_STATUS"]
         L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "j")
+        L += scalar_loads(layout, r, lambda u: f"Au{u}[j]", "    ")
 
         def loop(body):
             return (["    i = start + tid", "    while i < end:", "        gi = g[i]", "        xi = x[i]"]
                     + ["        " + b for b in body] + ["        i += TPB"])
 
-        L += reduction_lines(layout, r, loop, "    ")[:-1]
+        L += reduction_lines(layout, r, loop, "    ", finish=False)
         L += _block_reduce(plan, r, "    ", "0" if plan.tree[r] else "j") + [""]
     return L
 
@@ -189,12 +209,22 @@ def _finish_kernels(layout, plan):
     L = []
     for r in layout.reducers:
         cls = type(layout.rules[r])
-        L += [_KERN, f"def finish_k{r}(acc, hp, fin, st, nrow):", "    row = cuda.grid(1)", "    if row < nrow:"]
+        U = [f"U{k}" for k in range(len(plan.units[r]))]
+        # the scalar states of a row: its leaf's (leaf scope) or the first stepped leaf's copy (tree scope)
+        L += [_KERN, f"def finish_k{r}({', '.join(['acc', 'hp', 'fin', 'st', 'nrow', 'first'] + U)}):",
+              "    row = cuda.grid(1)", "    if row < nrow:"]
         for j, op in enumerate(plan.ops[r]):
             c = plan.abase[r] + j
             L += [f"        acc{r}_{j} = acc[row, {c}]",
                   f"        acc[row, {c}] = {'0.0' if op == 'sum' else '-INF'}"]
-        L += reduction_lines(layout, r, lambda body: [], "        ", init=False)
+        if U:
+            idx = "first" if plan.tree[r] else "row"
+            accs = [f"acc{r}_{j}" for j in range(len(plan.ops[r]))] + [f"np.float64({u}[{idx}])" for u in U]
+            outs = [f"g{r}_{n}" for n in cls.finals] + [f"w{r}_{k}" for k in range(len(U))]
+            L.append(f"        {', '.join(outs)}, = {finish_call(layout, r, accs)}")
+            L += [f"        fin[row, {plan.fbase[r] + plan.nfin[r] + k}] = w{r}_{k}" for k in range(len(U))]
+        else:
+            L += reduction_lines(layout, r, lambda body: [], "        ", init=False)
         for m, n in enumerate(cls.finals):
             L.append(f"        fin[row, {plan.fbase[r] + m}] = g{r}_{n}")
         key = f"({r} << 40) + (row << 1)"

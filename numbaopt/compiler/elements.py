@@ -223,10 +223,11 @@ def finish_call(layout: ChainLayout, r_i: int, accs, hpvar: str = "hp") -> str:
 
 
 def reduction_lines(layout: ChainLayout, r_i: int, loop_lines, indent: str, init: bool = True,
-                    finish_indent: str | None = None, hpvar: str = "hp") -> list:
+                    finish_indent: str | None = None, hpvar: str = "hp", finish: bool = True) -> list:
     """A dry pass for reduction rule r_i over the elements produced by ``loop_lines`` (``loop_lines(body)``
     wraps a body in the element loop): the chain up to r_i without writing anything, rule r_i's
-    contributions accumulated in float64 into ``acc{r}_{j}``, then ``finish`` into ``g{r}_{name}``. The
+    contributions accumulated in float64 into ``acc{r}_{j}``, then (unless not ``finish``) ``finish`` into
+    ``g{r}_{name}``. The
     CUDA emitter's form (grid-stride loops); the CPU emitter unrolls its own."""
     rule = layout.rules[r_i]
     ops = reduce_ops(rule)
@@ -239,6 +240,8 @@ def reduction_lines(layout: ChainLayout, r_i: int, loop_lines, indent: str, init
     for j, op in enumerate(ops):
         body.append(accumulate(f"acc{r_i}_{j}", f"c{j}", op))
     lines += loop_lines(body)
+    if not finish:  # the finish runs elsewhere (the CUDA emitter's finish kernels)
+        return lines
     fi = indent if finish_indent is None else finish_indent
     fnames = [f"g{r_i}_{n}" for n in type(rule).finals]
     accs = [f"acc{r_i}_{j}" for j in range(len(ops))]

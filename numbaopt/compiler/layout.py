@@ -202,13 +202,14 @@ class ChainLayout:
         return [d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}" for r_i, d in self.state_decls]
 
     # -- axis reductions: unit states and geometry ------------------------------------------------
-    def refuse_axes(self, where: str) -> None:
-        """A ``TypeError`` for a path that has no axis reductions or scalar states yet (``where`` names it)."""
+    def refuse_axes(self, where: str, scalar: bool = True) -> None:
+        """A ``TypeError`` for a path that has no axis reductions (nor, with ``scalar``, scalar states) yet
+        (``where`` names it)."""
         if self.axis_rules:
             names = ", ".join(type(self.rules[r]).__name__ for r in self.axis_rules)
             raise TypeError(f"{where}: {names} (an axis reduction, per row/column of each leaf) runs on the CPU "
                             "through numbaopt.update/update_ only, not here yet")
-        scalar = [type(self.rules[r]).__name__ for r in range(len(self.rules)) if self.n_scalar(r)]
+        scalar = [type(self.rules[r]).__name__ for r in range(len(self.rules)) if scalar and self.n_scalar(r)]
         if scalar:
             raise TypeError(f"{where}: {', '.join(scalar)} (a reduction with scalar state, e.g. a tree-wide "
                             "learning-rate estimate) runs on the CPU through numbaopt.update/update_ only, "

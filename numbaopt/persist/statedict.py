@@ -91,13 +91,15 @@ def _tree_entries(header, arrays) -> dict:
                 arrays.get(f"g{gi}_m{j}"), frozen[u])
             off += n
     for di, dd in enumerate(header["device_groups"]):
-        n_arrays = ChainLayout(dec_rule(dd["rule"])).n_state
+        layout = ChainLayout(dec_rule(dd["rule"]))
+        n_arrays = layout.n_state
         members = sorted((s.u_j[u], u) for u in range(s.n_unique) if s.u_device[u] == di)
         off = 0
         for j, u in members:
             n = int(np.prod(units[u]["shape"], dtype=np.int64))
             t, k = int(arrays[f"d{di}_ts"][j]), int(arrays[f"d{di}_skips"][j])
             flat = [arrays[f"d{di}_a{a}"][off:off + n] for a in range(n_arrays)]
+            flat += [arrays[f"d{di}_a{n_arrays + a}"][j:j + 1] for a in range(layout.n_unit)]  # scalar states
             leaves[str(s.paths[s.u_positions[u][0]])] = _entry(dd["rule"], units[u]["shape"], units[u]["dtype"],
                                                                (t, t, 0, k), flat, None, frozen[u])
             off += n

@@ -188,7 +188,7 @@ def _tree_header(c, arrays) -> dict:
         if not all(0 <= int(v) <= MAX_COUNT for v in list(dg.ts) + list(dg.skips)):
             raise ValueError(f"save: device group {di}: a step counter is outside [0, 2**53]")
         host = dg.to_host()  # the device state crosses the bus here, once
-        for k in range(len(dg.arenas)):
+        for k in range(dg.layout.n_state + dg.layout.n_unit):  # not the geometry table (made again on load)
             arrays[f"d{di}_a{k}"] = np.concatenate([np.asarray(lf.arrays[k]).reshape(-1) for lf in host]) \
                 if host else np.zeros(0)
         arrays[f"d{di}_ts"], arrays[f"d{di}_skips"] = dg.ts, dg.skips
@@ -328,9 +328,17 @@ def _device_plan(s, di, dd, data):
         raise CheckpointError("a step counter is outside [0, 2**53]")
     flat = [_array(data, f"d{di}_a{k}", (sum(sizes),), dt) for k, dt in enumerate(layout.state_dtypes(dtype))]
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    leaves = [(rule, s.u_shape[u], dtype, [a[offs[j]:offs[j + 1]] for a in flat], int(ts[j]), int(skips[j]))
-              for j, u in members]
-    names = {f"d{di}_a{k}" for k in range(len(flat))} | {f"d{di}_ts", f"d{di}_skips"}
+    # the scalar states of reductions: one value per leaf (axis reductions do not run on the GPU)
+    shapes = [tuple(s.u_shape[u]) for _, u in members]
+    units = _unit_arrays(data, f"d{di}_a", layout, shapes, dtype)
+
+    def arrays_of(j):
+        out = [a[offs[j]:offs[j + 1]] for a in flat]
+        if units:
+            out += [a[j:j + 1] for a in units[:-1]] + [layout.new_units([shapes[j]], dtype)[-1]]
+        return out
+    leaves = [(rule, s.u_shape[u], dtype, arrays_of(j), int(ts[j]), int(skips[j])) for j, u in members]
+    names = {f"d{di}_a{k}" for k in range(len(flat) + layout.n_unit)} | {f"d{di}_ts", f"d{di}_skips"}
     return (leaves, s.where(members[0][1], "state")), names
 
 

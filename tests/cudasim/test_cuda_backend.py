@@ -519,11 +519,76 @@ def test_a_refusal_on_either_side_of_the_bus_changes_nothing(bad):
     assert after == snap
 
 
-@pytest.mark.parametrize("rule", [no.Prodigy(), no.chain(no.Centralize(), no.Adam(0.1))], ids=["scalar", "axis"])
-def test_rules_with_reduction_state_are_refused_on_the_gpu_before_anything_is_written(rule):
-    """Scalar state (Prodigy's tree-wide estimate) and axis reductions run on the CPU only: a clear TypeError at
-    setup, for one device array and for a tree of them."""
+def test_axis_reductions_are_refused_on_the_gpu():
+    """Axis reductions (per row / column state) run on the CPU only: a clear TypeError at setup, for one device
+    array and for a tree of them."""
+    rule = no.chain(no.Centralize(), no.Adam(0.1))
     with pytest.raises(TypeError, match="runs on the CPU"):
         no.setup(rule, _dev(np.ones((2, 3), np.float32)))
     with pytest.raises(TypeError, match="runs on the CPU"):
         no.setup(rule, {"a": _dev(np.ones((2, 3), np.float32)), "b": _dev(np.ones(3, np.float32))})
+
+
+PF_RULES = [no.DAdaptAdamW(), no.Prodigy(), no.SkipNonFinite(no.Prodigy(d0=1e-3))]
+
+
+def _pf_data(rng, n=6, nan=False):
+    x0 = {"a": rng.standard_normal((4, 5)), "b": rng.standard_normal(7)}
+    base = {k: rng.standard_normal(v.shape) for k, v in x0.items()}  # a steady direction: the estimate grows
+    grads = [{k: base[k] + 0.5 * rng.standard_normal(v.shape) for k, v in x0.items()} for _ in range(n)]
+    if nan:
+        grads[3]["b"][2] = np.nan  # the step is skipped: nothing written, the estimate unchanged
+    return x0, grads
+
+
+@pytest.mark.parametrize("rule", PF_RULES, ids=["DAdaptAdamW", "Prodigy", "SkipNonFinite"])
+def test_scalar_state_rules_on_the_gpu_equal_the_cpu(rule):
+    """A reduction's scalar state (the tree-wide estimate d of D-Adaptation and Prodigy) on a device array and on
+    a tree of them, in place and pure, against the CPU path; it crosses to the host and back (to_host, pickle)."""
+    x0, grads = _pf_data(np.random.default_rng(3), nan=isinstance(rule, no.Chain))
+    cpu = no.setup(rule, {k: v.copy() for k, v in x0.items()})
+    xc = {k: v.copy() for k, v in x0.items()}
+    dev = {k: _dev(v) for k, v in x0.items()}
+    sd = no.setup(rule, dev)
+    dev2 = {k: _dev(v) for k, v in x0.items()}
+    sd2 = no.setup(rule, dev2)
+    one, sone = _dev(x0["b"]), no.setup(rule, _dev(x0["b"]))
+    cone, xone = no.setup(rule, x0["b"].copy()), x0["b"].copy()
+    for k, g in enumerate(grads):
+        cpu, xc = no.update_(cpu, xc, g)
+        sd, dev = no.update_(sd, dev, {n: _dev(v) for n, v in g.items()})
+        sd2, dev2 = no.update(sd2, dev2, {n: _dev(v) for n, v in g.items()})
+        sone, one = (no.update_ if k % 2 else no.update)(sone, one, _dev(g["b"]))
+        cone, xone = no.update_(cone, xone, g["b"])
+        if k == 2:
+            sd = pickle.loads(pickle.dumps(sd))  # through the host
+            sone = pickle.loads(pickle.dumps(sone))
+    for n in x0:
+        np.testing.assert_allclose(_host(dev[n]), xc[n], rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(_host(dev2[n]), xc[n], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(_host(one), xone, rtol=1e-12, atol=1e-15)
+    d = float(cpu["a"].state["d"])
+    assert d > 1e-6
+    for leaf in (sd["a"], sd["b"], sd2["a"]):
+        assert leaf.state["d"].shape == () and abs(float(_host(leaf.state["d"])) - d) <= 1e-12 * d
+        assert abs(float(leaf.to_host().state["d"]) - d) <= 1e-12 * d
+    assert abs(float(_host(sone.state["d"])) - float(cone.state["d"])) <= 1e-12 * d
+
+
+def test_scalar_state_of_a_device_tree_is_saved_and_loaded(tmp_path):
+    rng = np.random.default_rng(5)
+    x0, grads = _pf_data(rng)
+    dev = {k: _dev(v) for k, v in x0.items()}
+    state = no.setup(no.Prodigy(), dev)
+    for g in grads[:2]:
+        state, dev = no.update_(state, dev, {n: _dev(v) for n, v in g.items()})
+    no.save(tmp_path / "pf.npz", state)
+    back = no.load(tmp_path / "pf.npz")
+    sd = no.state_dict(state)
+    assert np.asarray(sd["leaves"]["['b']"]["state"]["d"]).shape == ()
+    dev2 = {k: _dev(_host(v)) for k, v in dev.items()}
+    for g in grads[2:]:
+        state, dev = no.update_(state, dev, {n: _dev(v) for n, v in g.items()})
+        back, dev2 = no.update_(back, dev2, {n: _dev(v) for n, v in g.items()})
+    for n in x0:
+        assert _host(dev[n]).tobytes() == _host(dev2[n]).tobytes()

@@ -154,8 +154,9 @@ def empty_like(kind, obj, shape, dtype):
     return cuda.device_array(shape, dtype=dtype)
 
 
-def device_state(layout, dtype, size):
-    """Fresh state arrays on the current device, filled with their initial values by a kernel."""
+def device_state(layout, dtype, size, shapes=()):
+    """Fresh state arrays on the current device, filled with their initial values by a kernel; with scalar states
+    (``layout.units``), then the unit arrays and the geometry table of leaves of ``shapes`` (small: uploaded)."""
     from numba import cuda
     rt = runtime()
     arrays = []
@@ -164,7 +165,7 @@ def device_state(layout, dtype, size):
         if size:
             rt.fill[blocks(size), rt.TPB](a, dt.type(init))
         arrays.append(a)
-    return arrays
+    return arrays + [cuda.to_device(a) for a in layout.new_units(list(shapes), dtype)]
 
 
 def device_copies(arrays) -> list:
@@ -236,14 +237,17 @@ def decode(key):
     return (1 if skip else 2 + r), row
 
 
-def run_reductions(mod, layout, sc, args, rows_of, launch):
-    """Reduce, then finish, for every reducer in chain order."""
+def run_reductions(mod, layout, sc, args, rows_of, launch, units=(), first=0):
+    """Reduce, then finish, for every reducer in chain order. ``units`` are the unit arrays (one value per leaf:
+    the scalar states), ``first`` the first stepped leaf (whose copy a tree-scope finish reads)."""
     rt = runtime()
     for r in layout.reducers:
         launch(getattr(mod, f"reduce_k{r}" if rows_of is None else f"mreduce_k{r}"))(
             *args, sc.fin, sc.st, sc.acc)
         rows = 1 if (rows_of is None or mod.plan.tree[r]) else rows_of
-        getattr(mod, f"finish_k{r}")[max(1, -(-rows // rt.TPB)), rt.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows)
+        mine = [units[u] for u in layout.scalar_units(r)]
+        getattr(mod, f"finish_k{r}")[max(1, -(-rows // rt.TPB)), rt.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows,
+                                                                          first, *mine)
 
 
 # -- device leaves in trees (called by numbaopt.params / numbaopt.engine) ------------------------------

@@ -66,7 +66,7 @@ class DeviceGroup:
             if self.dtype.kind == "c" and not type(r).supports_complex:
                 raise TypeError(f"{type(r).__name__} does not support complex parameters (dtype {self.dtype})")
         self.layout = ChainLayout(rule)
-        self.layout.refuse_axes("GPU parameters")
+        self.layout.refuse_axes("GPU parameters", scalar=False)
         n = len(shapes)
         self.ts = np.zeros(n, dtype=np.int64) + np.asarray(t, dtype=np.int64)
         self.skips = np.zeros(n, dtype=np.int64) + np.asarray(skipped, dtype=np.int64)
@@ -75,7 +75,9 @@ class DeviceGroup:
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.total = int(self.sizes.sum())
         self.mod = rt.kernels(rule, self.dtype)
-        self.arenas = tuple(device_state(self.layout, self.dtype, self.total)
+        # the element states in flat arenas (leaf i at offsets[i]); with scalar states, one unit array each
+        # (leaf i at index i) and the geometry table (not read by the kernels: checkpoints and host copies)
+        self.arenas = tuple(device_state(self.layout, self.dtype, self.total, shapes)
                             if _arenas is None else _arenas)
         self._sizes_dev = cuda.to_device(self.sizes)
         self._offsets_dev = cuda.to_device(self.offsets)
@@ -106,7 +108,29 @@ class DeviceGroup:
     def state(self, i: int) -> dict:
         """State arrays of leaf ``i`` by name (device views into the arenas, shaped like the leaf)."""
         o, n = int(self.offsets[i]), int(self.sizes[i])
-        return {name: a[o:o + n].reshape(self.shapes[i]) for name, a in zip(self.layout.state_names(), self.arenas)}
+        lay = self.layout
+        out = {name: a[o:o + n].reshape(self.shapes[i]) for name, a in zip(lay.state_names(), self.arenas)}
+        out.update({name: a[i:i + 1].reshape(()) for name, a in zip(lay.unit_names(), self._units())})
+        return out
+
+    def _units(self) -> tuple:
+        """The unit arrays (a reduction's scalar states, leaf i at index i)."""
+        lay = self.layout
+        return self.arenas[lay.n_state:lay.n_state + lay.n_unit]
+
+    def host_arrays(self, i, host=None) -> list:
+        """Leaf i's state arrays as a host :class:`numbaopt.Leaf` holds them (element states, unit arrays, a
+        geometry row of its own), in host memory: sliced from ``host`` (the arenas copied to the host) or, without
+        it, copied slice by slice from the device."""
+        lay = self.layout
+        o, n = int(self.offsets[i]), int(self.sizes[i])
+        src = self.arenas if host is None else host
+        get = (lambda a: a.copy_to_host()) if host is None else (lambda a: a.copy())
+        out = [get(h[o:o + n]) for h in src[:lay.n_state]]
+        if lay.units:
+            out += [get(h[i:i + 1]) for h in src[lay.n_state:lay.n_state + lay.n_unit]]
+            out.append(lay.new_units([self.shapes[i]], self.dtype)[-1])
+        return out
 
     def _chunk_table(self, leaves):
         """``(bleaf, bstart, nblocks)`` on the device for the blocks of ``leaves`` (built once per set)."""
@@ -224,7 +248,8 @@ class DeviceGroup:
         sc = self.scratch
         sc.sync_hp(hp)
         nb = self._chunk_table(sub)[2]
-        run_reductions(self.mod, self.layout, sc, self._args(sub), len(self.shapes), lambda k: k[nb, rt.TPB])
+        run_reductions(self.mod, self.layout, sc, self._args(sub), len(self.shapes), lambda k: k[nb, rt.TPB],
+                       units=self._units(), first=int(sub[0]))
         status, row = decode(int(sc.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
         raise_status(self.rule, status, "" if row is None else f"leaf {row}")
         return status
@@ -346,10 +371,9 @@ class DeviceGroup:
         host = [a.copy_to_host() for a in self.arenas]
         out = []
         for i, shape in enumerate(self.shapes):
-            o, n = int(self.offsets[i]), int(self.sizes[i])
             t = int(self.ts[i])
             hp = self.layout.hyper_vector(t + 1, t + 1, self.dtype) if self.scheduled else self.hp.copy()
-            out.append(Leaf(self.rule, shape, self.dtype, arrays=[h[o:o + n].copy() for h in host],
+            out.append(Leaf(self.rule, shape, self.dtype, arrays=self.host_arrays(i, host),
                             t=t, hp=hp, skipped=int(self.skips[i])))
         return out
 
@@ -365,9 +389,12 @@ class DeviceGroup:
         for i, lf in enumerate(leaves):
             if lf.rule != first.rule or lf.dtype != first.dtype:
                 raise ValueError(f"leaves[{i}]: a group needs one rule and one dtype")
-        k = len(first.arrays)
+        lay = first.layout
+        k = lay.n_state + lay.n_unit  # the geometry table is made again from the shapes
         arenas = tuple(cuda.to_device(np.concatenate([np.ascontiguousarray(lf.arrays[a]).reshape(-1)
                                                       for lf in leaves])) for a in range(k))
+        if lay.units:
+            arenas += (cuda.to_device(lay.new_units([lf.shape for lf in leaves], first.dtype)[-1]),)
         ts = np.array([lf.t for lf in leaves], dtype=np.int64)
         hp = first.layout.hyper_vector(int(ts.max()) + 1, None, first.dtype)
         g = cls(first.rule, params, _arenas=arenas, t=ts, hp=hp,
@@ -401,9 +428,8 @@ class DeviceMember:
     def to_host(self) -> Leaf:
         """This leaf's state as a host :class:`numbaopt.Leaf` (copied from the device)."""
         g, j = self.group, self.j
-        o, n = int(g.offsets[j]), int(g.sizes[j])
         hp = g.layout.hyper_vector(self.t + 1, None, g.dtype) if g.scheduled else g.hp.copy()
-        return Leaf(g.rule, self.shape, g.dtype, arrays=[a[o:o + n].copy_to_host() for a in g.arenas],
+        return Leaf(g.rule, self.shape, g.dtype, arrays=g.host_arrays(j),
                     t=self.t, hp=hp, skipped=self.skipped)
 
     def __reduce__(self):  # pickled alone, a member is a DeviceLeaf of its own (its group does not come along)

@@ -34,10 +34,10 @@ class DeviceLeaf(Leaf):
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None):
         from ...compiler import ChainLayout
         layout = ChainLayout(rule)
-        layout.refuse_axes("a GPU parameter")
+        layout.refuse_axes("a GPU parameter", scalar=False)
         size = int(np.prod(shape, dtype=np.int64))
         if arrays is None:
-            arrays = device_state(layout, dtype, size)
+            arrays = device_state(layout, dtype, size, [tuple(shape)])
         Leaf.__init__(self, rule, shape, dtype, arrays=arrays, t=t, hp=hp, skipped=skipped, counters=counters,
                       layout=layout)
         self.scratch = Scratch(self.kernels().plan, 1, self.hp)
@@ -53,8 +53,13 @@ class DeviceLeaf(Leaf):
 
     @property
     def state(self) -> dict:
-        """State arrays by name, as Numba device arrays shaped like the parameter (views)."""
-        return {n: a.reshape(self.shape) for n, a in zip(self.layout.state_names(), self.arrays)}
+        """State arrays by name, as Numba device arrays shaped like the parameter (views); a reduction's scalar
+        states as 0-d device arrays."""
+        lay = self.layout
+        out = {n: a.reshape(self.shape) for n, a in zip(lay.state_names(), self.arrays)}
+        units = self.arrays[lay.n_state:lay.n_state + lay.n_unit]
+        out.update({n: a.reshape(()) for n, a in zip(lay.unit_names(), units)})
+        return out
 
     def copy(self) -> DeviceLeaf:
         """An independent copy (device-to-device copies of the state)."""
@@ -105,8 +110,8 @@ class DeviceLeaf(Leaf):
         nbytes = self.size * self.dtype.itemsize
         spans = self.spans
         if spans is None:
-            spans = self.spans = [(a, a + nbytes) for a in
-                                  (info(s, "state", write=False)[3] for s in self.arrays)]
+            spans = self.spans = [(a, a + s.size * s.dtype.itemsize) for s, a in
+                                  ((s, info(s, "state", write=False)[3]) for s in self.arrays)]
         if shares(gaddr, gaddr + nbytes, spans + [(xaddr, xaddr + nbytes)]):
             g1 = device_copies([g1])[0]  # a gradient overlapping what the kernel writes: step on a copy
         return x1, g1
@@ -119,7 +124,9 @@ class DeviceLeaf(Leaf):
         nb = blocks(self.size)
         args = [x1, g1, *self.arrays, sc.hp_dev, self.t + 1]
         if self.layout.reducers:
-            run_reductions(mod, self.layout, sc, args, None, lambda k: k[nb, rt.TPB])
+            lay = self.layout
+            run_reductions(mod, lay, sc, args, None, lambda k: k[nb, rt.TPB],
+                           units=self.arrays[lay.n_state:lay.n_state + lay.n_unit])
             args += [sc.fin, sc.st]
         if outputs is None:
             mod.inplace[nb, rt.TPB](*args)
@@ -151,6 +158,8 @@ class DeviceLeaf(Leaf):
         xo_obj = empty_like(kind(model), model, self.shape, self.dtype)
         xo = flat(info(xo_obj, "x")[0], self.size)
         outs = [cuda.device_array(a.shape, dtype=a.dtype) for a in self.arrays]
+        if self.layout.units:  # the geometry row is not written by the kernels: the new state keeps this one's
+            outs[-1].copy_to_device(self.arrays[-1])
         status = new._run(x1, g1, hp, outputs=[xo] + outs)
         raise_status(self.rule, status)
         if status == 1:  # skipped: the new state is a copy of this one
