@@ -474,3 +474,25 @@ def test_pickle_and_tied_parameters():
     assert model["a"] is model["b"] and m2["a"].tobytes() == model["a"].tobytes()
     assert m2["c"].tobytes() == model["c"].tobytes()
     assert float(back["a"].state["d"]) == float(state["c"].state["d"]) > 1e-6
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["update_", "update"])
+def test_after_an_axis_reduction_over_a_tree(inplace):
+    """An axis member (Centralize: the mean over all but the leading axis removed) before the tree-wide estimate:
+    its phase runs inside the estimate's dry pass, per leaf."""
+    rng = np.random.default_rng(33)
+    shapes = [(4, 5), (3, 2, 2)]
+    xs = [rng.standard_normal(s) for s in shapes]
+    base = [rng.standard_normal(s) for s in shapes]
+    grads = [[b + 0.3 * rng.standard_normal(b.shape) for b in base] for _ in range(10)]
+    model = {"a": xs[0].copy(), "b": xs[1].copy()}
+    state = no.setup(no.chain(no.Centralize(), no.DAdaptAdamW()), model)
+    for gs in grads:
+        state, model = (no.update_ if inplace else no.update)(state, model, {"a": gs[0], "b": gs[1]})
+
+    def centred(g):
+        return g - g.mean(axis=tuple(range(1, g.ndim)), keepdims=True)
+    expect, d = r_dadapt(xs, [[centred(g) for g in gs] for gs in grads])
+    np.testing.assert_allclose(model["a"], expect[0], rtol=F64_TOL, atol=F64_TOL)
+    np.testing.assert_allclose(model["b"], expect[1], rtol=F64_TOL, atol=F64_TOL)
+    assert math.isclose(float(state["b"].state["d"]), d, rel_tol=1e-10) and d > 1e-6

@@ -92,12 +92,14 @@ def flat(m):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sp=spec, seed=st.integers(0, 2 ** 16), drop=st.booleans(), freeze=st.booleans())
-def test_random_trees_update_equals_update_(sp, seed, drop, freeze):
+@given(sp=spec, seed=st.integers(0, 2 ** 16), drop=st.booleans(), freeze=st.booleans(), which=st.integers(0, 2))
+def test_random_trees_update_equals_update_(sp, seed, drop, freeze, which):
     rng = np.random.default_rng(seed)
     model = build(sp, rng, [])
     m_inpl = copy.deepcopy(model)  # deepcopy keeps ties (memo) and read-only flags
-    rule = no.AdamW(lr=0.05, weight_decay=0.01)
+    # elementwise; a tree-wide estimate kept as scalar state; a global clip before one
+    rule = [no.AdamW(lr=0.05, weight_decay=0.01), no.Prodigy(d0=1e-2),
+            no.chain(no.ClipGlobalNorm(1.0), no.DAdaptAdamW(d0=1e-2))][which]
     if flat(model).size == 0:  # nothing to train (only strings, ints, None): setup refuses it
         with pytest.raises(ValueError, match="found no trainable parameter"):
             no.setup(rule, model)
