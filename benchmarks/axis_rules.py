@@ -38,6 +38,7 @@ RULES = {
     "Adam": lambda: no.Adam(1e-3),
     "Adafactor": lambda: no.Adafactor(lr=1e-3, min_dim_size_to_factor=32),
     "Adafactor(unfactored)": lambda: no.Adafactor(lr=1e-3, factored=False),
+    "Adafactor(torch)": lambda: no.Adafactor(lr=1e-2, convention="torch"),
     "Centralize+Adam": lambda: no.chain(no.Centralize(), no.Adam(1e-3)),
     "AdaptiveGradClip+Adam": lambda: no.chain(no.AdaptiveGradClip(0.01), no.Adam(1e-3)),
 }
@@ -70,6 +71,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--optax", action="store_true")
+    ap.add_argument("--torch", action="store_true", help="add torch.optim.Adafactor (CPU) beside Adafactor(torch)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     shapes = resnet18_shapes()
@@ -99,6 +101,8 @@ def main(argv=None) -> None:
             cases[name] = f
         if args.optax and label == "ResNet-18 tree":
             cases["optax.adafactor (jit)"] = _optax_case(m, g)
+        if args.torch:
+            cases["torch.optim.Adafactor (foreach)"] = _torch_case(m, g)
         med = timed(cases, args.rounds)
         print(f"\n{label}\n| rule | ms | / Adam |\n|---|---|---|")
         for k, v in med.items():
@@ -140,6 +144,18 @@ def _optax_case(model, grads):
     def f():
         box[0], box[1] = step(box[0], box[1], g)
         jax.block_until_ready(box[0])
+    return f
+
+
+def _torch_case(model, grads):
+    import torch
+    params = [torch.tensor(v.copy()) for v in model.values()]
+    for p, g in zip(params, grads.values()):
+        p.grad = torch.tensor(g)
+    opt = torch.optim.Adafactor(params, lr=1e-2, foreach=True)
+
+    def f():
+        opt.step()
     return f
 
 

@@ -63,6 +63,7 @@ class RuleStep:
 AXIS_RULES = {
     "Adam": lambda: no.Adam(1e-3),
     "Adafactor": lambda: no.Adafactor(lr=1e-3),
+    "Adafactor(torch)": lambda: no.Adafactor(lr=1e-2, convention="torch"),
     "Centralize+Adam": lambda: no.chain(no.Centralize(), no.Adam(1e-3)),
     "AdaptiveGradClip+Adam": lambda: no.chain(no.AdaptiveGradClip(0.01), no.Adam(1e-3)),
     "Muon": lambda: no.Muon(0.02),
