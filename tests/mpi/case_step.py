@@ -97,6 +97,26 @@ def _(comm):
         same_on_all_ranks(comm, leaves(m))
 
 
+@case("replicated_scalar_state_equals_single_process")
+def _(comm):
+    """A tree-wide estimate (a reduction's scalar state) in data-parallel mode: every rank steps the averaged
+    gradient as one process would; sharded state refuses it (its partials do not carry the state) before
+    anything is set up."""
+    for rule in (no.Prodigy(d0=1e-2), no.chain(no.ClipGlobalNorm(0.5), no.DAdaptAdamW(d0=1e-2))):
+        m, ref, st, rs = run_pair(comm, rule, shard=False, steps=5)
+        assert max_diff(m, ref) == 0.0, (rule, max_diff(m, ref))
+        same_on_all_ranks(comm, leaves(m))
+        d = [float(leaf.state["d"]) for _, leaf in st.local.leaves()]
+        d_ref = float(rs["enc"]["w"].state["d"])  # one estimate (kept in each leaf's precision: float32 rounds)
+        assert d_ref >= 1e-2 and all(abs(v - d_ref) <= 1e-6 * d_ref for v in d), (d, d_ref)
+        try:
+            nm.setup(rule, copy(model0()), comm, shard=True)
+        except TypeError as e:
+            assert "scalar state" in str(e), e
+        else:
+            raise AssertionError("shard=True accepted a rule with scalar state")
+
+
 @case("sharded_equals_single_process_elementwise")
 def _(comm):
     for rule in COMPLEX_OK:
