@@ -36,24 +36,27 @@ def _geo(layout, q: int, G: str) -> list:
 def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None) -> list:
     """``body`` (unindented lines) inside the loops over the first axis member's geometry, with ``i`` and every
     axis member's unit indices defined; ``G`` reads the geometry row (``"Sg[0, {}]"``). ``hoist(form)`` gives
-    ``(before, each, after)`` lines for the forms ``"leaf"``, ``"matrix"``, ``"general"``: ``each`` runs after
-    ``body`` for every element, ``before``/``after`` around the innermost loop (sums whose unit does not change
-    along it are kept in a local there, not in memory: no store-to-load chain per element)."""
+    ``(before, each, after)`` lines for the forms ``"leaf"``, ``"matrix"`` (a batch of matrices), ``"general"``:
+    ``each`` runs after ``body`` for every element, ``before``/``after`` around the innermost loop (sums whose unit
+    does not change along it are kept in a local there, not in memory: no store-to-load chain per element)."""
     hoist = hoist or (lambda form: ([], [], []))
     L = []
     for q in range(len(layout.axis_rules)):
         L += [f"{indent}{line}" for line in _geo(layout, q, G)]
     i1, i2, i3 = indent + "    ", indent + "        ", indent + "            "
-    # three forms of the loop, chosen per leaf: the common views keep a long contiguous innermost loop
+    # three forms of the loop, chosen per leaf: the common views (a whole leaf, a matrix or a batch of them) keep a
+    # contiguous innermost loop and their row / matrix sums in locals
     pre, each, post = hoist("leaf")
     L += [f"{indent}if gP0 == 1 and gQ0 == 1 and gS0 == 1 and gB0 == 1:"]  # one unit of cols/batch (whole leaf)
     L += [f"{i1}{x}" for x in pre] + [f"{i1}for i in range(gA0):"]
     L += _indexed(layout, {"rows": "i", "cols": "0", "batch": "0"}, body + each, i2) + [f"{i1}{x}" for x in post]
     pre, each, post = hoist("matrix")
-    L += [f"{indent}elif gP0 == 1 and gQ0 == 1 and gS0 == 1:",  # a matrix: rows x cols
-          f"{i1}for _a in range(gA0):"] + [f"{i2}{x}" for x in pre]
-    L += [f"{i2}for _b in range(gB0):", f"{i3}i = _a * gB0 + _b"]
-    L += _indexed(layout, {"rows": "_a", "cols": "_b", "batch": "0"}, body + each, i3) + [f"{i2}{x}" for x in post]
+    i4 = i3 + "    "
+    L += [f"{indent}elif gQ0 == 1 and gS0 == 1:",  # a batch of P matrices (one, usually): rows x cols each
+          f"{i1}for _p in range(gP0):", f"{i2}for _a in range(gA0):"] + [f"{i3}{x}" for x in pre]
+    L += [f"{i3}for _b in range(gB0):", f"{i4}i = (_p * gA0 + _a) * gB0 + _b"]
+    L += _indexed(layout, {"rows": "_p * gA0 + _a", "cols": "_p * gB0 + _b", "batch": "_p"}, body + each, i4)
+    L += [f"{i3}{x}" for x in post]
     _, each, _ = hoist("general")
     ind = [indent + "    " * k for k in range(7)]
     L += [f"{indent}else:", f"{ind[1]}for _p in range(gP0):", f"{ind[2]}for _a in range(gA0):",
@@ -126,7 +129,9 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
                     if a in local:
                         before.append(f"{h} = {identity(op)}")
                         each.append(accumulate(h, f"c{c}", op))
-                        u = f"T{r}_{a}_{c}[{'_a' if a == 'rows' else '0'}]"  # the unit of this row / leaf
+                        # the unit of this row (of matrix _p) / this matrix / the leaf
+                        unit = {"rows": "_p * gA0 + _a", "batch": "_p" if form == "matrix" else "0", "cols": "0"}
+                        u = f"T{r}_{a}_{c}[{unit[a]}]"
                         after.append(f"{u} += {h}" if op == "sum" else f"{u} = max({u}, {h})")
                     else:
                         each.append(accumulate(t, f"c{c}", op))
