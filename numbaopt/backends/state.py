@@ -207,7 +207,7 @@ class Leaf:
         axes summed over."""
         lay = self.layout
         out = {n: a.reshape(self.shape) for n, a in zip(lay.state_names(), self.arrays)}
-        units = self.arrays[lay.n_state:lay.n_state + lay.n_unit]
+        units = lay.unit_arrays(self.arrays)
         out.update({n: a.reshape(s) for n, a, s in zip(lay.unit_names(), units, lay.unit_shapes(self.shape))})
         return out
 

@@ -161,7 +161,7 @@ def _single_kernels(layout, plan):
                      "        gi = g[i]", "        xi = x[i]"] + ["        " + b for b in body]
                     + ["        i += stride"])
 
-        L += reduction_lines(layout, r, loop, "    ", finish=False)  # the finish call runs in finish_r
+        L += reduction_lines(layout, r, loop, "    ")  # the finish call runs in finish_r
         L += _block_reduce(plan, r, "    ", "0") + [""]
     return L
 
@@ -200,7 +200,7 @@ def _multi_kernels(layout, plan):
             return (["    i = start + tid", "    while i < end:", "        gi = g[i]", "        xi = x[i]"]
                     + ["        " + b for b in body] + ["        i += TPB"])
 
-        L += reduction_lines(layout, r, loop, "    ", finish=False)
+        L += reduction_lines(layout, r, loop, "    ")
         L += _block_reduce(plan, r, "    ", "0" if plan.tree[r] else "j") + [""]
     return L
 
@@ -217,14 +217,11 @@ def _finish_kernels(layout, plan):
             c = plan.abase[r] + j
             L += [f"        acc{r}_{j} = acc[row, {c}]",
                   f"        acc[row, {c}] = {'0.0' if op == 'sum' else '-INF'}"]
-        if U:
-            idx = "first" if plan.tree[r] else "row"
-            accs = [f"acc{r}_{j}" for j in range(len(plan.ops[r]))] + [f"np.float64({u}[{idx}])" for u in U]
-            outs = [f"g{r}_{n}" for n in cls.finals] + [f"w{r}_{k}" for k in range(len(U))]
-            L.append(f"        {', '.join(outs)}, = {finish_call(layout, r, accs)}")
-            L += [f"        fin[row, {plan.fbase[r] + plan.nfin[r] + k}] = w{r}_{k}" for k in range(len(U))]
-        else:
-            L += reduction_lines(layout, r, lambda body: [], "        ", init=False)
+        idx = "first" if plan.tree[r] else "row"
+        accs = [f"acc{r}_{j}" for j in range(len(plan.ops[r]))] + [f"np.float64({u}[{idx}])" for u in U]
+        outs = [f"g{r}_{n}" for n in cls.finals] + [f"w{r}_{k}" for k in range(len(U))]
+        L.append(f"        {', '.join(outs)}, = {finish_call(layout, r, accs)}")
+        L += [f"        fin[row, {plan.fbase[r] + plan.nfin[r] + k}] = w{r}_{k}" for k in range(len(U))]
         for m, n in enumerate(cls.finals):
             L.append(f"        fin[row, {plan.fbase[r] + m}] = g{r}_{n}")
         key = f"({r} << 40) + (row << 1)"

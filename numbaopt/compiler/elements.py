@@ -222,28 +222,16 @@ def finish_call(layout: ChainLayout, r_i: int, accs, hpvar: str = "hp") -> str:
     return f"finish_{r_i}({', '.join(args)})"
 
 
-def reduction_lines(layout: ChainLayout, r_i: int, loop_lines, indent: str, init: bool = True,
-                    finish_indent: str | None = None, hpvar: str = "hp", finish: bool = True) -> list:
+def reduction_lines(layout: ChainLayout, r_i: int, loop_lines, indent: str) -> list:
     """A dry pass for reduction rule r_i over the elements produced by ``loop_lines`` (``loop_lines(body)``
     wraps a body in the element loop): the chain up to r_i without writing anything, rule r_i's
-    contributions accumulated in float64 into ``acc{r}_{j}``, then (unless not ``finish``) ``finish`` into
-    ``g{r}_{name}``. The
-    CUDA emitter's form (grid-stride loops); the CPU emitter unrolls its own."""
-    rule = layout.rules[r_i]
-    ops = reduce_ops(rule)
-    lines = []
-    if init:
-        lines += [f"{indent}acc{r_i}_{j} = {identity(op)}" for j, op in enumerate(ops)]
+    contributions accumulated in float64 into ``acc{r}_{j}`` (its ``finish`` runs elsewhere: :func:`finish_call`).
+    The CUDA emitter's form (grid-stride loops); the CPU emitter unrolls its own."""
+    ops = reduce_ops(layout.rules[r_i])
+    lines = [f"{indent}acc{r_i}_{j} = {identity(op)}" for j, op in enumerate(ops)]
     body = element_lines(layout, r_i, "gi", "xi", lambda k: f"S{k}[i]", False, "")
     rargs = call_args(layout, r_i, "reduce", ["d", "xi"])
     body.append(f"{', '.join(f'c{j}' for j in range(len(ops)))}, = reduce_t_{r_i}({rargs})")
     for j, op in enumerate(ops):
         body.append(accumulate(f"acc{r_i}_{j}", f"c{j}", op))
-    lines += loop_lines(body)
-    if not finish:  # the finish runs elsewhere (the CUDA emitter's finish kernels)
-        return lines
-    fi = indent if finish_indent is None else finish_indent
-    fnames = [f"g{r_i}_{n}" for n in type(rule).finals]
-    accs = [f"acc{r_i}_{j}" for j in range(len(ops))]
-    lines.append(f"{fi}{', '.join(fnames)}, = {finish_call(layout, r_i, accs, hpvar)}")
-    return lines
+    return lines + loop_lines(body)

@@ -215,6 +215,11 @@ class ChainLayout:
                             "learning-rate estimate) runs on the CPU through numbaopt.update/update_ only, "
                             "not here yet")
 
+    def unit_arrays(self, arrays) -> tuple:
+        """The unit arrays among a leaf's (or a group's) state ``arrays``: after the element states, before the
+        geometry table."""
+        return tuple(arrays[self.n_state:self.n_state + self.n_unit])
+
     def scalar_units(self, r: int) -> list:
         """The unit-state indices of member r's scalar states (``state(scalar=True)``), in declaration order."""
         return self.unit_slots[r].get(SCALAR, [])

@@ -144,7 +144,7 @@ class TreeLeaf(Leaf):
             G = group.arenas[-1]
             base = len(G[j]) - 2 * lay.n_unit
             arrays += [a[G[j, base + 2 * u]:G[j, base + 2 * u] + G[j, base + 2 * u + 1]]
-                       for u, a in enumerate(group.arenas[lay.n_state:lay.n_state + lay.n_unit])]
+                       for u, a in enumerate(lay.unit_arrays(group.arenas))]
             arrays.append(G[j:j + 1])
         self.arrays = tuple(arrays)
         self.fast = None

@@ -110,13 +110,8 @@ class DeviceGroup:
         o, n = int(self.offsets[i]), int(self.sizes[i])
         lay = self.layout
         out = {name: a[o:o + n].reshape(self.shapes[i]) for name, a in zip(lay.state_names(), self.arenas)}
-        out.update({name: a[i:i + 1].reshape(()) for name, a in zip(lay.unit_names(), self._units())})
+        out.update({name: a[i:i + 1].reshape(()) for name, a in zip(lay.unit_names(), lay.unit_arrays(self.arenas))})
         return out
-
-    def _units(self) -> tuple:
-        """The unit arrays (a reduction's scalar states, leaf i at index i)."""
-        lay = self.layout
-        return self.arenas[lay.n_state:lay.n_state + lay.n_unit]
 
     def host_arrays(self, i, host=None) -> list:
         """Leaf i's state arrays as a host :class:`numbaopt.Leaf` holds them (element states, unit arrays, a
@@ -128,7 +123,7 @@ class DeviceGroup:
         get = (lambda a: a.copy_to_host()) if host is None else (lambda a: a.copy())
         out = [get(h[o:o + n]) for h in src[:lay.n_state]]
         if lay.units:
-            out += [get(h[i:i + 1]) for h in src[lay.n_state:lay.n_state + lay.n_unit]]
+            out += [get(h[i:i + 1]) for h in lay.unit_arrays(src)]  # a scalar state: one value per leaf
             out.append(lay.new_units([self.shapes[i]], self.dtype)[-1])
         return out
 
@@ -249,7 +244,7 @@ class DeviceGroup:
         sc.sync_hp(hp)
         nb = self._chunk_table(sub)[2]
         run_reductions(self.mod, self.layout, sc, self._args(sub), len(self.shapes), lambda k: k[nb, rt.TPB],
-                       units=self._units(), first=int(sub[0]))
+                       units=self.layout.unit_arrays(self.arenas), first=int(sub[0]))
         status, row = decode(int(sc.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
         raise_status(self.rule, status, "" if row is None else f"leaf {row}")
         return status

@@ -51,16 +51,6 @@ class DeviceLeaf(Leaf):
             k = self.kern = runtime().kernels(self.rule, self.dtype)
         return k
 
-    @property
-    def state(self) -> dict:
-        """State arrays by name, as Numba device arrays shaped like the parameter (views); a reduction's scalar
-        states as 0-d device arrays."""
-        lay = self.layout
-        out = {n: a.reshape(self.shape) for n, a in zip(lay.state_names(), self.arrays)}
-        units = self.arrays[lay.n_state:lay.n_state + lay.n_unit]
-        out.update({n: a.reshape(()) for n, a in zip(lay.unit_names(), units)})
-        return out
-
     def copy(self) -> DeviceLeaf:
         """An independent copy (device-to-device copies of the state)."""
         return DeviceLeaf(self.rule, self.shape, self.dtype, arrays=device_copies(self.arrays),
@@ -126,7 +116,7 @@ class DeviceLeaf(Leaf):
         if self.layout.reducers:
             lay = self.layout
             run_reductions(mod, lay, sc, args, None, lambda k: k[nb, rt.TPB],
-                           units=self.arrays[lay.n_state:lay.n_state + lay.n_unit])
+                           units=lay.unit_arrays(self.arrays))
             args += [sc.fin, sc.st]
         if outputs is None:
             mod.inplace[nb, rt.TPB](*args)
