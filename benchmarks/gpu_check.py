@@ -58,22 +58,29 @@ def _size(s: str) -> int:
 
 
 def catalog():
-    """Every rule of numbaopt at its defaults, option variants, and the composites (chains); not the axis and
-    matrix rules (Adafactor's factored moments, Muon), which the GPU backend refuses for now."""
+    """Every rule of numbaopt at its defaults, option variants, and the composites (chains); not the matrix
+    rules (Muon), which the GPU backend refuses for now."""
     import numbaopt as no
     from numbaopt import rules as R
     out = []
     for name in R.__all__:
         obj = getattr(R, name)
         if isinstance(obj, type) and issubclass(obj, no.Rule) and obj is not no.Rule and obj.stage is None \
-                and not obj.axes:
+                and obj.matrix is None:
             out.append(obj())
     out += [no.RMSProp(centred=True), no.AdamW(weight_decay=0.1, couple=False), no.ClipNorm(1.0, p=float("inf")),
             no.ClipNorm(1.0, p=1.0), no.LAMB(weight_decay=0.1), no.LARS(0.5, weight_decay=0.1),
             no.Lookahead(no.Adam(), k=2), no.SkipNonFinite(no.Adam()),
             no.chain(no.WeightDecay(1e-2), no.ClipGrad(1.0), no.AdamW(weight_decay=0.1)),
-            no.chain(no.ClipGlobalNorm(1.0), no.Adam())]
+            no.chain(no.ClipGlobalNorm(1.0), no.Adam()),
+            no.Adafactor(min_dim_size_to_factor=8), no.Adafactor(convention="torch", min_dim_size_to_factor=8),
+            no.chain(no.Centralize(), no.ClipNorm(1.0), no.Adam())]
     return out
+
+
+def _shape(rule, n):
+    """A matrix for a rule with an axis member (its rows and columns factored), else a vector."""
+    return (n // 64, 64) if any(type(m).axes for m in rule.rules) and n >= 128 else (n,)
 
 
 def _name(rule) -> str:
@@ -91,10 +98,10 @@ def check_rules(n, steps, complex_rules=4, max_rules=None):
     cplx = [r for r in catalog() if all(type(m).supports_complex for m in r.rules)][:complex_rules]
     cases += [(r, np.complex64) for r in cplx]
     for rule, dtype in cases:
-        def draw(dtype=dtype):
-            a = rng.standard_normal(n)
+        def draw(dtype=dtype, shape=_shape(rule, n)):
+            a = rng.standard_normal(shape)
             if np.dtype(dtype).kind == "c":
-                a = a + 1j * rng.standard_normal(n)
+                a = a + 1j * rng.standard_normal(shape)
             return a.astype(dtype)
         x0, grads = draw(), [draw() for _ in range(steps)]
         rec = {"rule": _name(rule), "dtype": np.dtype(dtype).name, "n": n, "steps": steps}
@@ -270,9 +277,9 @@ def ptx_check(cc_str):
     import numpy as np
     from numba import cuda
     import numba.cuda.dispatcher as D
+    from numba import typeof
     from numba.cuda import types as T
-    from numba.cuda.np.numpy_support import from_dtype
-    from numbaopt.compiler import ChainLayout, real_dtype
+    from numbaopt.compiler import ChainLayout
     from numbaopt.backends.cuda import runtime as cg
     major, minor = (int(v) for v in cc_str.split("."))
 
@@ -280,27 +287,14 @@ def ptx_check(cc_str):
         compute_capability = (major, minor)
     D.get_current_device = lambda: _Dev()
 
-    def A(dt, nd=1):
-        return T.Array(from_dtype(np.dtype(dt)), nd, "C")
-
     out = []
     for rule in catalog():
         for dt in (np.float32, np.complex64):
             if np.dtype(dt).kind == "c" and not all(type(m).supports_complex for m in rule.rules):
                 continue
-            lay = ChainLayout(rule)
-            S = [A(d) for d in lay.state_dtypes(dt)]
-            rdt = real_dtype(dt)
-            red = [A(np.float64, 2), A(np.int64)] if lay.reducers else []
-            sigs = {"inplace": [A(dt), A(dt)] + S + [A(rdt), T.int64] + red,
-                    "outplace": [A(dt), A(dt)] + S + [A(rdt), T.int64] + red + [A(dt)] + S,
-                    "multi": [A(np.int64)] * 6 + S + [A(rdt), T.int64] + red}
-            for r in lay.reducers:
-                tail = [A(rdt), T.int64, A(np.float64, 2), A(np.int64), A(np.float64, 2)]
-                sigs[f"reduce_k{r}"] = [A(dt), A(dt)] + S + tail
-                sigs[f"mreduce_k{r}"] = [A(np.int64)] * 6 + S + tail
-                sigs[f"finish_k{r}"] = [A(np.float64, 2), A(rdt), A(np.float64, 2), A(np.int64), T.int64]
             mod = cg.kernels(rule, dt)
+            sigs = {name: tuple(T.int64 if isinstance(a, int) else typeof(a) for a in args)
+                    for name, args in _stand_ins(ChainLayout(rule), mod.plan, dt).items()}
             for name, sig in sigs.items():
                 rec = {"rule": _name(rule), "dtype": np.dtype(dt).name, "kernel": name}
                 try:
@@ -312,6 +306,44 @@ def ptx_check(cc_str):
                 print(("ok  " if rec["ok"] else "FAIL"), rec["dtype"], name, rec["rule"],
                       f"f64 ops {rec.get('f64_ops')}" if rec["ok"] else rec["error"], flush=True)
     return out
+
+
+def _stand_ins(lay, plan, dt):
+    """Per kernel, host arrays shaped and typed as the backend passes device arrays (Numba types both alike), for
+    a leaf of shape (4, 6): what the PTX check compiles each kernel for."""
+    import numpy as np
+    from numbaopt.compiler import real_dtype
+    shape, n = (4, 6), 24
+    x = np.zeros(n, dt)
+    S = list(lay.new_state(n, dt)) + list(lay.new_units([shape], dt))
+    hp, ints = lay.hyper_vector(1, None, dt), np.zeros(1, np.int64)
+    fin, st = np.zeros((1, plan.fin_cols)), np.zeros(1, np.int64)
+    red = [fin, st] if plan.phases else []
+    tables, slot_tables = [], {}
+    for _, s, kind_, extra in plan.specs:
+        d = lay.unit_decls[extra][1] if kind_ == "NU" else None
+        t = np.zeros(n, np.float64 if d is None else (real_dtype(dt) if d.real else dt))
+        tables.append(t)
+        slot_tables.setdefault(s, []).append(t)
+    X = tables + ([np.zeros((1, len(lay.axis_slots)), np.int64)] if lay.axis_rules else [])
+    head = [ints] * 6
+    sigs = {"inplace": [x, x] + S + [hp, 1] + red + X, "outplace": [x, x] + S + [hp, 1] + red + X + [x] + S,
+            "multi": head + S + [hp, 1] + red + X}
+    units = lay.unit_arrays(S)
+    for r in plan.phases:
+        if r in lay.axis_rules:
+            sigs[f"axred_k{r}"] = [x, x] + S + [hp, 1] + red + X
+            sigs[f"maxred_k{r}"] = head + S + [hp, 1] + red + X
+            for s, (q, a) in enumerate(lay.axis_slots):
+                if q == r:
+                    mine = [units[u] for u in lay.unit_slots[r].get(a, [])]
+                    sigs[f"axfin_k{r}_{a}"] = [hp, 1, S[-1]] + mine + [ints, X[-1], 1] + slot_tables[s]
+            continue
+        acc = np.zeros((1, plan.acc_cols))
+        sigs[f"reduce_k{r}"] = [x, x] + S + [hp, 1] + red + [acc] + X
+        sigs[f"mreduce_k{r}"] = head + S + [hp, 1] + red + [acc] + X
+        sigs[f"finish_k{r}"] = [acc, hp, fin, st, 1, 1] + [units[u] for u in lay.scalar_units(r)]
+    return sigs
 
 
 def _table(rows):

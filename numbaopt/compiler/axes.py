@@ -15,7 +15,8 @@ from ..rules.base import SCALAR, step_args
 from .elements import LANES, accumulate, call_args, element_lines, finish_call, identity, opt_literal, pairwise
 from .layout import GEO, ChainLayout, reduce_ops
 
-__all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction"]
+__all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction",
+           "unit_indices", "geometry_loads", "unit_count"]
 
 _DIMS = ("P", "A", "Q", "B", "S", "act")
 
@@ -69,23 +70,45 @@ def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None) -
     return L + _indexed(layout, {"rows": "_ir + _s", "cols": "_ic + _s", "batch": "_it + _s"}, body + each, ind[6])
 
 
-def _indexed(layout, first: dict, body: list, ind: str) -> list:
+def _decompose(q: int, ind: str) -> tuple:
+    """Lines splitting the flat index ``i`` by axis member q's view ``(P, A, Q, B, S)``, and its unit index
+    expressions per axis."""
+    L = [f"{ind}_s{q} = i % gS{q}", f"{ind}_t{q} = i // gS{q}", f"{ind}_b{q} = _t{q} % gB{q}",
+         f"{ind}_t{q} = _t{q} // gB{q}", f"{ind}_q{q} = _t{q} % gQ{q}", f"{ind}_t{q} = _t{q} // gQ{q}",
+         f"{ind}_a{q} = _t{q} % gA{q}", f"{ind}_p{q} = _t{q} // gA{q}"]
+    src = {"rows": f"((_p{q} * gA{q} + _a{q}) * gQ{q} + _q{q}) * gS{q} + _s{q}",
+           "cols": f"((_p{q} * gQ{q} + _q{q}) * gB{q} + _b{q}) * gS{q} + _s{q}",
+           "batch": f"(_p{q} * gQ{q} + _q{q}) * gS{q} + _s{q}"}
+    return L, src
+
+
+def _indexed(layout, first: dict | None, body: list, ind: str, offset=None) -> list:
     """``body`` after the unit indices of every axis member: the first member's from ``first`` (its loop's
-    names), the others' from ``i`` and their own geometry."""
+    names), the others' (all, when ``first`` is None) from ``i`` and their own geometry. ``offset(r, a)``, when
+    given, names what to add to member r's unit index of axis a (where its leaf's units start in a table)."""
     L = []
     for q, r in enumerate(layout.axis_rules):
         axes = type(layout.rules[r]).axes
-        if q == 0:
+        if q == 0 and first is not None:
             src = first
         else:  # another member's view of the same element: its indices from i
-            L += [f"{ind}_s{q} = i % gS{q}", f"{ind}_t{q} = i // gS{q}", f"{ind}_b{q} = _t{q} % gB{q}",
-                  f"{ind}_t{q} = _t{q} // gB{q}", f"{ind}_q{q} = _t{q} % gQ{q}", f"{ind}_t{q} = _t{q} // gQ{q}",
-                  f"{ind}_a{q} = _t{q} % gA{q}", f"{ind}_p{q} = _t{q} // gA{q}"]
-            src = {"rows": f"((_p{q} * gA{q} + _a{q}) * gQ{q} + _q{q}) * gS{q} + _s{q}",
-                   "cols": f"((_p{q} * gQ{q} + _q{q}) * gB{q} + _b{q}) * gS{q} + _s{q}",
-                   "batch": f"(_p{q} * gQ{q} + _q{q}) * gS{q} + _s{q}"}
-        L += [f"{ind}{a[0]}i{r} = i" if a == "elements" else f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}" for a in axes]
+            lines, src = _decompose(q, ind)
+            L += lines
+        for a in axes:
+            plus = f" + {offset(r, a)}" if offset is not None else ""
+            L.append(f"{ind}{a[0]}i{r} = i{plus}" if a == "elements" else f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}{plus}")
     return L + [f"{ind}{line}" for line in body]
+
+
+def unit_indices(layout: ChainLayout, ind: str, offset=None) -> list:
+    """Every axis member's unit indices of element ``i`` (``ri{r}``...), each from the flat index and the member's
+    geometry ``gP{q}``... (see :func:`geometry_loads`); ``offset`` as for :func:`_indexed`."""
+    return _indexed(layout, None, [], ind, offset)
+
+
+def geometry_loads(layout: ChainLayout, G: str, indent: str) -> list:
+    """``gP{q} = ...`` for every axis member, read from the geometry row ``G`` (a format string)."""
+    return [f"{indent}{line}" for q in range(len(layout.axis_rules)) for line in _geo(layout, q, G)]
 
 
 def _units(q: int, axis: str) -> str:
@@ -95,7 +118,7 @@ def _units(q: int, axis: str) -> str:
     return f"(({n}) if gact{q} != 0 else 1)"
 
 
-def _count(q: int, axis: str) -> str:
+def unit_count(q: int, axis: str) -> str:
     """The number of elements in one unit of ``axis`` (0 when the geometry leaves the leaf out)."""
     n = {"rows": f"gB{q}", "cols": f"gA{q}", "batch": f"gA{q} * gB{q}"}[axis]
     return f"np.float64(({n}) * gact{q})"
@@ -143,7 +166,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
         # in the compute precision: the step reads them as _R, so rounding here is the same rounding
         L += [f"{indent}UF{r}_{a}_{m} = np.empty({_units(q, a)}, _R)" for m in range(nf)]
         L += [f"{indent}NU{u} = np.empty({_units(q, a)}, {dtype_of(u)})" for u in us]
-        accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
+        accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [unit_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
         L += [f"{indent}for _u in range({_units(q, a)}):",
               f"{indent}    {', '.join(outs)}, = {finish_call(layout, r, accs)}"]

@@ -37,12 +37,14 @@ import numpy as np
 
 from .cpu import GENERATOR_VERSION
 from .axes import array_names
+from .cuda_axes import axis_finish_kernels, axis_reduce_body, block_loads, index_lines, table_names, table_specs, \
+    unit_commits
 from .elements import element_lines, finish_call, load_lines, reduction_lines, rule_functions, scalar_loads
 from .layout import ChainLayout, real_dtype, reduce_ops
 from . import prelude
 __all__ = ["generate_source", "Plan", "NO_STATUS", "CUDA_GENERATOR_VERSION"]
 
-CUDA_GENERATOR_VERSION = "3"
+CUDA_GENERATOR_VERSION = "4"
 
 #: ``st[0]`` when no rule blocked the step (int64 max: every real key is smaller)
 NO_STATUS = (1 << 63) - 1
@@ -79,6 +81,9 @@ class Plan:
         self.ops = {r: reduce_ops(layout.rules[r]) for r in layout.reducers}
         self.status = any(("error" in type(layout.rules[r]).finals or "skip" in type(layout.rules[r]).finals)
                           for r in layout.reducers)
+        #: the passes before the element kernel, in chain order: reductions and axis members (see .cuda_axes)
+        self.phases = sorted(layout.reducers + layout.axis_rules)
+        self.specs, self.xnames = table_specs(layout), table_names(layout)
 
 
 def _finals_lines(layout, plan, upto, indent, row):
@@ -112,7 +117,7 @@ def _block_reduce(plan, r, indent, row):
 
 
 def _elem_body(layout, indent, write_x, write_s):
-    L = [f"{indent}gi = g[i]", f"{indent}xi = x[i]"]
+    L = index_lines(layout, indent) + [f"{indent}gi = g[i]", f"{indent}xi = x[i]"]
     L += element_lines(layout, len(layout.rules), "gi", "xi", lambda k: f"S{k}[i]", True, indent)
     L.append(f"{indent}{write_x}[i] = xi - d")
     for k in range(layout.n_state):
@@ -131,44 +136,60 @@ def _state_writes(layout, plan, W, idx, row, indent):
 
 
 def _single_kernels(layout, plan):
-    S = array_names(layout, "S")  # element states, then (with scalar states) unit arrays and the geometry row
+    S = array_names(layout, "S")  # element states, then (with unit states) unit arrays and the geometry row
     O = array_names(layout, "O")
-    red = ["fin", "st"] if layout.reducers else []
+    red = ["fin", "st"] if plan.phases else []
+    X = plan.xnames  # an axis member's tables (see .cuda_axes)
     L = []
     for name, outp in (("inplace", False), ("outplace", True)):
-        params = ["x", "g"] + S + ["hp", "t"] + red + (["xo"] + O if outp else [])
+        params = ["x", "g"] + S + ["hp", "t"] + red + X + (["xo"] + O if outp else [])
         L += [_KERN, f"def {name}({', '.join(params)}):"]
         if red:
             L += ["    if st[0] != NO_STATUS:", "        return"]
         L += ["    n = x.shape[0]"] + load_lines(layout, "    ", "t")
-        L += _finals_lines(layout, plan, None, "    ", "0")
+        L += _finals_lines(layout, plan, None, "    ", "0") + block_loads(layout, "Sg[0, {}]", "0", "    ")
         writes = _state_writes(layout, plan, "O" if outp else "S", "0", "0", "        ")
         if writes:
             L += ["    if cuda.grid(1) == 0:"] + writes
+        L += unit_commits(layout, "O" if outp else "S", False, "    ")  # the elements read the finals, not these
         L += ["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:"]
         L += _elem_body(layout, "        ", "xo" if outp else "x", (lambda k: O[k]) if outp else (lambda k: S[k]))
         L += ["        i += stride", ""]
-    for r in layout.reducers:
-        params = ["x", "g"] + S + ["hp", "t", "fin", "st", "acc"]
-        L += [_KERN, f"def reduce_k{r}({', '.join(params)}):", "    n = x.shape[0]", "    tid = cuda.threadIdx.x"]
-        if r == layout.reducers[0]:
+
+    def loop(body, ind="    "):
+        return ([f"{ind}i = cuda.grid(1)", f"{ind}stride = cuda.gridsize(1)", f"{ind}while i < n:",
+                 f"{ind}    gi = g[i]", f"{ind}    xi = x[i]"] + [f"{ind}    {b}" for b in body]
+                + [f"{ind}    i += stride"])
+
+    for r in plan.phases:
+        axis = r in layout.axis_rules
+        params = ["x", "g"] + S + ["hp", "t", "fin", "st"] + ([] if axis else ["acc"]) + X
+        L += [_KERN, f"def {'axred' if axis else 'reduce'}_k{r}({', '.join(params)}):", "    n = x.shape[0]",
+              "    tid = cuda.threadIdx.x"]
+        if r == plan.phases[0]:
             L += ["    if cuda.grid(1) == 0:", "        st[0] = NO_STATUS"]
         L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "0")
+        L += block_loads(layout, "Sg[0, {}]", "0", "    ")
+        if axis:
+            L += axis_reduce_body(layout, r, loop, "    ") + [""]
+            continue
         L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", "    ")
-
-        def loop(body):
-            return (["    i = cuda.grid(1)", "    stride = cuda.gridsize(1)", "    while i < n:",
-                     "        gi = g[i]", "        xi = x[i]"] + ["        " + b for b in body]
-                    + ["        i += stride"])
-
-        L += reduction_lines(layout, r, loop, "    ")  # the finish call runs in finish_r
+        L += reduction_lines(layout, r, _indexed_loop(layout, r, loop), "    ")  # finish runs in finish_r
         L += _block_reduce(plan, r, "    ", "0") + [""]
     return L
 
 
+def _indexed_loop(layout, r, loop):
+    """``loop`` with the unit indices of every element computed first when an axis member precedes member r."""
+    if not any(q < r for q in layout.axis_rules):
+        return loop
+    return lambda body: loop(index_lines(layout, "") + body)
+
+
 def _multi_kernels(layout, plan):
     A = array_names(layout, "A")
-    red = ["fin", "st"] if layout.reducers else []
+    red = ["fin", "st"] if plan.phases else []
+    X = plan.xnames
     head = ["xaddr", "gaddr", "sizes", "offsets", "bleaf", "bstart"]
 
     def leaf_lines():
@@ -176,31 +197,37 @@ def _multi_kernels(layout, plan):
                "    o = offsets[j]", "    start = bstart[b]", "    end = min(start + CHUNK, n)",
                "    x = leaf_ptr(xaddr[j], n, _C)", "    g = leaf_ptr(gaddr[j], n, _C)"]
         out += [f"    S{k} = A{k}[o:o + n]" for k in range(layout.n_state)]
-        return out
+        return out + block_loads(layout, "Ag[j, {}]", "j", "    ")
 
-    L = [_KERN, f"def multi({', '.join(head + A + ['hp', 't'] + red)}):"]
+    L = [_KERN, f"def multi({', '.join(head + A + ['hp', 't'] + red + X)}):"]
     if red:
         L += ["    if st[0] != NO_STATUS:", "        return"]
     L += leaf_lines() + load_lines(layout, "    ", "t") + _finals_lines(layout, plan, None, "    ", "j")
     writes = _state_writes(layout, plan, "A", "j", "j", "        ")  # a leaf's scalar states: index j
     if writes:
         L += ["    if start == 0 and tid == 0:"] + writes
+    L += unit_commits(layout, "A", True, "    ")
     L += ["    i = start + tid", "    while i < end:"]
     L += _elem_body(layout, "        ", "x", lambda k: f"S{k}")
     L += ["        i += TPB", ""]
-    for r in layout.reducers:
-        L += [_KERN, f"def mreduce_k{r}({', '.join(head + A + ['hp', 't', 'fin', 'st', 'acc'])}):"]
+
+    def loop(body, ind="    "):
+        return ([f"{ind}i = start + tid", f"{ind}while i < end:", f"{ind}    gi = g[i]", f"{ind}    xi = x[i]"]
+                + [f"{ind}    {b}" for b in body] + [f"{ind}    i += TPB"])
+
+    for r in plan.phases:
+        axis = r in layout.axis_rules
+        params = head + A + ["hp", "t", "fin", "st"] + ([] if axis else ["acc"]) + X
+        L += [_KERN, f"def {'maxred' if axis else 'mreduce'}_k{r}({', '.join(params)}):"]
         L += leaf_lines()
-        if r == layout.reducers[0]:
+        if r == plan.phases[0]:
             L += ["    if b == 0 and tid == 0:", "        st[0] = NO_STATUS"]
         L += load_lines(layout, "    ", "t") + _finals_lines(layout, plan, r, "    ", "j")
+        if axis:
+            L += axis_reduce_body(layout, r, loop, "    ") + [""]
+            continue
         L += scalar_loads(layout, r, lambda u: f"Au{u}[j]", "    ")
-
-        def loop(body):
-            return (["    i = start + tid", "    while i < end:", "        gi = g[i]", "        xi = x[i]"]
-                    + ["        " + b for b in body] + ["        i += TPB"])
-
-        L += reduction_lines(layout, r, loop, "    ")
+        L += reduction_lines(layout, r, _indexed_loop(layout, r, loop), "    ")
         L += _block_reduce(plan, r, "    ", "0" if plan.tree[r] else "j") + [""]
     return L
 
@@ -240,6 +267,7 @@ def generate_source(rule, dtype, sim: bool, tpb: int, chunk: int) -> str:
     layout = ChainLayout(rule)
     if layout.accum is not None or layout.master is not None:
         raise NotImplementedError("the CUDA backend does not run AccumGrad or MixedPrecision yet")
+    layout.refuse_axes("the CUDA backend", scalar=False, axes=False)
     plan = Plan(layout)
     dev = "@cuda.jit(device=True)" if sim else "@cuda.jit(device=True, forceinline=True)"
     out = [f"# generated by numbaopt.compiler.cuda v{CUDA_GENERATOR_VERSION} (cpu v{GENERATOR_VERSION}); do not edit",
@@ -253,4 +281,5 @@ def generate_source(rule, dtype, sim: bool, tpb: int, chunk: int) -> str:
     out += _device_functions(prelude.COMPLEX if dtype.kind == "c" else prelude.REAL, dev)
     out += rule_functions(layout, dev)
     body = _single_kernels(layout, plan) + _multi_kernels(layout, plan) + _finish_kernels(layout, plan)
+    body += axis_finish_kernels(layout, _KERN)
     return "\n".join(out) + "\n\n\n" + "\n".join(body) + "\n"

@@ -202,10 +202,15 @@ class ChainLayout:
         return [d.name if names.count(d.name) == 1 else f"{d.name}_{r_i}" for r_i, d in self.state_decls]
 
     # -- axis reductions: unit states and geometry ------------------------------------------------
-    def refuse_axes(self, where: str, scalar: bool = True) -> None:
+    def refuse_axes(self, where: str, scalar: bool = True, axes: bool = True) -> None:
         """A ``TypeError`` for a path that has no axis reductions (nor, with ``scalar``, scalar states) yet
-        (``where`` names it)."""
-        if self.axis_rules:
+        (``where`` names it); with ``axes=False`` only matrix rules are refused (the CUDA backend)."""
+        matrix = [r for r in self.axis_rules if type(self.rules[r]).matrix is not None]
+        if matrix and not axes:
+            names = ", ".join(type(self.rules[r]).__name__ for r in matrix)
+            raise TypeError(f"{where}: {names} (a matrix rule) runs on the CPU through numbaopt.update/update_ "
+                            "only, not on the GPU yet")
+        if self.axis_rules and axes:
             names = ", ".join(type(self.rules[r]).__name__ for r in self.axis_rules)
             raise TypeError(f"{where}: {names} (an axis reduction, per row/column of each leaf) runs on the CPU "
                             "through numbaopt.update/update_ only, not here yet")
@@ -279,6 +284,22 @@ class ChainLayout:
             out.append((*dims, 1))
         return out
 
+    @staticmethod
+    def units_of(geo, axis: str) -> int:
+        """The number of units of ``axis`` in a leaf of geometry ``geo`` = ``(P, A, Q, B, S, active)`` (one
+        unit, of no elements, when the geometry leaves the leaf out; every element its own for ``elements``)."""
+        P, A, Q, B, S, act = (int(v) for v in geo)
+        if not act:
+            return 1
+        return {"rows": P * A * Q * S, "cols": P * Q * B * S, "batch": P * Q * S,
+                "elements": P * A * Q * B * S}[axis]
+
+    @property
+    def axis_slots(self) -> list:
+        """``(member, axis)`` for every axis of every axis member, in chain order: the per-unit tables of a
+        backend that keeps them across kernels (the CUDA one), one per slot."""
+        return [(r, a) for r in self.axis_rules for a in type(self.rules[r]).axes]
+
     def unit_sizes(self, shape) -> list:
         """The number of values of each unit state for a leaf of ``shape``."""
         geos = self.geometry(shape)
@@ -287,9 +308,15 @@ class ChainLayout:
             if d.axis == SCALAR:
                 out.append(1)
                 continue
-            P, A, Q, B, S, act = geos[self.axis_rules.index(r_i)]
-            out.append(1 if not act else {"rows": P * A * Q * S, "cols": P * Q * B * S, "batch": P * Q * S}[d.axis])
+            out.append(self.units_of(geos[self.axis_rules.index(r_i)], d.axis))
         return out
+
+    def unit_span(self, geo, j: int, u: int) -> tuple:
+        """``(start, stop)`` of leaf j's values of unit state u in its arena, read from the geometry table ``geo``
+        (:meth:`new_units`)."""
+        col = GEO * len(self.axis_rules) + 2 * u
+        start = int(geo[j, col])
+        return start, start + int(geo[j, col + 1])
 
     def unit_shapes(self, shape) -> list:
         """The shape of each unit state for a leaf of ``shape`` (the leaf's shape without the summed axes)."""

@@ -94,12 +94,14 @@ def _tree_entries(header, arrays) -> dict:
         layout = ChainLayout(dec_rule(dd["rule"]))
         n_arrays = layout.n_state
         members = sorted((s.u_j[u], u) for u in range(s.n_unique) if s.u_device[u] == di)
+        geo = layout.new_units([tuple(units[u]["shape"]) for _, u in members], np.float64)[-1] if layout.units else None
         off = 0
         for j, u in members:
             n = int(np.prod(units[u]["shape"], dtype=np.int64))
             t, k = int(arrays[f"d{di}_ts"][j]), int(arrays[f"d{di}_skips"][j])
             flat = [arrays[f"d{di}_a{a}"][off:off + n] for a in range(n_arrays)]
-            flat += [arrays[f"d{di}_a{n_arrays + a}"][j:j + 1] for a in range(layout.n_unit)]  # scalar states
+            spans = [layout.unit_span(geo, j, a) for a in range(layout.n_unit)]  # where the geometry table says
+            flat += [arrays[f"d{di}_a{n_arrays + a}"][b:e] for a, (b, e) in enumerate(spans)]
             leaves[str(s.paths[s.u_positions[u][0]])] = _entry(dd["rule"], units[u]["shape"], units[u]["dtype"],
                                                                (t, t, 0, k), flat, None, frozen[u])
             off += n

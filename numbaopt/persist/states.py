@@ -328,14 +328,16 @@ def _device_plan(s, di, dd, data):
         raise CheckpointError("a step counter is outside [0, 2**53]")
     flat = [_array(data, f"d{di}_a{k}", (sum(sizes),), dt) for k, dt in enumerate(layout.state_dtypes(dtype))]
     offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    # the scalar states of reductions: one value per leaf (axis reductions do not run on the GPU)
+    # the unit states (scalar states of reductions, per-unit states of axis reductions): leaf j's where the
+    # geometry table of the group says
     shapes = [tuple(s.u_shape[u]) for _, u in members]
     units = _unit_arrays(data, f"d{di}_a", layout, shapes, dtype)
 
     def arrays_of(j):
         out = [a[offs[j]:offs[j + 1]] for a in flat]
         if units:
-            out += [a[j:j + 1] for a in units[:-1]] + [layout.new_units([shapes[j]], dtype)[-1]]
+            spans = [layout.unit_span(units[-1], j, u) for u in range(layout.n_unit)]
+            out += [a[b:e] for a, (b, e) in zip(units[:-1], spans)] + [layout.new_units([shapes[j]], dtype)[-1]]
         return out
     leaves = [(rule, s.u_shape[u], dtype, arrays_of(j), int(ts[j]), int(skips[j])) for j, u in members]
     names = {f"d{di}_a{k}" for k in range(len(flat) + layout.n_unit)} | {f"d{di}_ts", f"d{di}_skips"}

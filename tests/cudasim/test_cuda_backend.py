@@ -519,16 +519,6 @@ def test_a_refusal_on_either_side_of_the_bus_changes_nothing(bad):
     assert after == snap
 
 
-def test_axis_reductions_are_refused_on_the_gpu():
-    """Axis reductions (per row / column state) run on the CPU only: a clear TypeError at setup, for one device
-    array and for a tree of them."""
-    rule = no.chain(no.Centralize(), no.Adam(0.1))
-    with pytest.raises(TypeError, match="runs on the CPU"):
-        no.setup(rule, _dev(np.ones((2, 3), np.float32)))
-    with pytest.raises(TypeError, match="runs on the CPU"):
-        no.setup(rule, {"a": _dev(np.ones((2, 3), np.float32)), "b": _dev(np.ones(3, np.float32))})
-
-
 PF_RULES = [no.DAdaptAdamW(), no.Prodigy(), no.SkipNonFinite(no.Prodigy(d0=1e-3))]
 
 

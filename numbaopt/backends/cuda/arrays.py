@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from ...compiler.layout import GEO, real_dtype
 from ..state import check_param_dtype
 
 __all__ = ["INSTALL_HINT", "runtime", "unpickling_runtime", "cuda_available", "is_device_array", "kind", "info",
@@ -206,21 +207,51 @@ def identity_acc(plan, rows):
 
 
 class Scratch:
-    """Device-side buffers of one state: hyperparameters, reduction accumulators, finals, status."""
+    """Device-side buffers of one state: hyperparameters, reduction accumulators, finals, status and, for axis
+    members, their per-unit tables (:mod:`numbaopt.compiler.cuda_axes`; ``units = (layout, geometry rows of the
+    leaves, dtype)``)."""
 
-    __slots__ = ("hp_dev", "hp_seen", "acc", "fin", "st", "rows")
+    __slots__ = ("hp_dev", "hp_seen", "acc", "fin", "st", "rows", "tables", "slot_tables", "leafof", "xoff", "ntot")
 
-    def __init__(self, plan, rows, hp):
+    def __init__(self, plan, rows, hp, units=None):
         from numba import cuda
         self.hp_dev = cuda.to_device(hp)
         self.hp_seen = hp.copy()
         self.rows = rows
-        if plan.acc_cols and plan.ops:
+        if plan.phases:
             self.acc = cuda.to_device(identity_acc(plan, rows))
             self.fin = cuda.device_array((rows, plan.fin_cols), dtype=np.float64)
             self.st = cuda.to_device(np.array([runtime().NO_STATUS], dtype=np.int64))
         else:
             self.acc = self.fin = self.st = None
+        self.tables, self.slot_tables = [], []
+        if plan.xnames:
+            self._axis_tables(plan, *units)
+
+    def _axis_tables(self, plan, layout, geo, dtype):
+        """The tables of every slot over the units of every leaf (geometry rows ``geo``), the leaf of each unit
+        (``leafof``) and where each leaf's units start (``xoff``)."""
+        from numba import cuda
+        slots = layout.axis_slots
+        counts = np.array([[layout.units_of(row[GEO * layout.axis_rules.index(r):][:GEO], a) for r, a in slots]
+                           for row in np.asarray(geo)], dtype=np.int64).reshape(len(geo), len(slots))
+        xoff = np.zeros_like(counts)
+        xoff[1:] = np.cumsum(counts, axis=0)[:-1]
+        self.ntot = counts.sum(axis=0)
+        self.leafof = [cuda.to_device(np.repeat(np.arange(len(geo), dtype=np.int64), counts[:, s]))
+                       for s in range(len(slots))]
+        self.xoff = cuda.to_device(xoff)
+        self.slot_tables = [[] for _ in slots]
+        for _, s, kind_, extra in plan.specs:
+            size = max(int(self.ntot[s]), 1)
+            if kind_ == "T":
+                t = cuda.to_device(np.full(size, 0.0 if extra == "sum" else -np.inf))
+            else:
+                d = layout.unit_decls[extra][1] if kind_ == "NU" else None
+                dt = np.float64 if d is None else (real_dtype(dtype) if d.real else np.dtype(dtype))
+                t = cuda.device_array(size, dtype=dt)
+            self.slot_tables[s].append(t)
+        self.tables = [t for ts in self.slot_tables for t in ts] + [self.xoff]
 
     def sync_hp(self, hp):
         """Upload the hyperparameters only when they changed (adjust, schedules)."""
@@ -237,13 +268,25 @@ def decode(key):
     return (1 if skip else 2 + r), row
 
 
-def run_reductions(mod, layout, sc, args, rows_of, launch, units=(), first=0):
-    """Reduce, then finish, for every reducer in chain order. ``units`` are the unit arrays (one value per leaf:
-    the scalar states), ``first`` the first stepped leaf (whose copy a tree-scope finish reads)."""
+def run_reductions(mod, layout, sc, args, rows_of, launch, arrays, first=0):
+    """Reduce, then finish, for every reducer and axis member in chain order. ``arrays`` are the state arrays
+    (their unit arrays: the scalar states, one value per leaf, and the axis members' unit states; the geometry
+    table), ``first`` the first stepped leaf (whose copy a tree-scope finish reads)."""
     rt = runtime()
-    for r in layout.reducers:
+    units = layout.unit_arrays(arrays)
+    for r in mod.plan.phases:
+        if r in layout.axis_rules:
+            launch(getattr(mod, f"axred_k{r}" if rows_of is None else f"maxred_k{r}"))(*args, sc.fin, sc.st,
+                                                                                       *sc.tables)
+            for s, (q, a) in enumerate(layout.axis_slots):
+                if q == r:
+                    n = int(sc.ntot[s])
+                    mine = [units[u] for u in layout.unit_slots[r].get(a, [])]
+                    getattr(mod, f"axfin_k{r}_{a}")[max(1, -(-n // rt.TPB)), rt.TPB](
+                        sc.hp_dev, args[-1], arrays[-1], *mine, sc.leafof[s], sc.xoff, n, *sc.slot_tables[s])
+            continue
         launch(getattr(mod, f"reduce_k{r}" if rows_of is None else f"mreduce_k{r}"))(
-            *args, sc.fin, sc.st, sc.acc)
+            *args, sc.fin, sc.st, sc.acc, *sc.tables)
         rows = 1 if (rows_of is None or mod.plan.tree[r]) else rows_of
         mine = [units[u] for u in layout.scalar_units(r)]
         getattr(mod, f"finish_k{r}")[max(1, -(-rows // rt.TPB)), rt.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows,

@@ -66,7 +66,7 @@ class DeviceGroup:
             if self.dtype.kind == "c" and not type(r).supports_complex:
                 raise TypeError(f"{type(r).__name__} does not support complex parameters (dtype {self.dtype})")
         self.layout = ChainLayout(rule)
-        self.layout.refuse_axes("GPU parameters", scalar=False)
+        self.layout.refuse_axes("GPU parameters", scalar=False, axes=False)
         n = len(shapes)
         self.ts = np.zeros(n, dtype=np.int64) + np.asarray(t, dtype=np.int64)
         self.skips = np.zeros(n, dtype=np.int64) + np.asarray(skipped, dtype=np.int64)
@@ -82,8 +82,14 @@ class DeviceGroup:
         self._sizes_dev = cuda.to_device(self.sizes)
         self._offsets_dev = cuda.to_device(self.offsets)
         self._chunks = {}  # chunk tables by the leaves they cover (shared by copies: never written)
-        self.scratch = Scratch(self.mod.plan, n, self.hp)
+        # the geometry table on the host: where each leaf's unit states sit in their arenas
+        self.geo = self.layout.new_units(shapes, self.dtype)[-1] if self.layout.units else None
+        self.scratch = self.new_scratch(self.hp)
         self._new_tables()
+
+    def new_scratch(self, hp) -> Scratch:
+        """Device buffers for stepping the group (the axis members' tables over every leaf's units)."""
+        return Scratch(self.mod.plan, len(self.shapes), hp, (self.layout, self.geo, self.dtype))
 
     def _new_tables(self):
         from numba import cuda
@@ -110,7 +116,9 @@ class DeviceGroup:
         o, n = int(self.offsets[i]), int(self.sizes[i])
         lay = self.layout
         out = {name: a[o:o + n].reshape(self.shapes[i]) for name, a in zip(lay.state_names(), self.arenas)}
-        out.update({name: a[i:i + 1].reshape(()) for name, a in zip(lay.unit_names(), lay.unit_arrays(self.arenas))})
+        for u, (name, a) in enumerate(zip(lay.unit_names(), lay.unit_arrays(self.arenas))):
+            start, stop = lay.unit_span(self.geo, i, u)
+            out[name] = a[start:stop].reshape(lay.unit_shapes(self.shapes[i])[u])
         return out
 
     def host_arrays(self, i, host=None) -> list:
@@ -123,7 +131,8 @@ class DeviceGroup:
         get = (lambda a: a.copy_to_host()) if host is None else (lambda a: a.copy())
         out = [get(h[o:o + n]) for h in src[:lay.n_state]]
         if lay.units:
-            out += [get(h[i:i + 1]) for h in lay.unit_arrays(src)]  # a scalar state: one value per leaf
+            spans = [lay.unit_span(self.geo, i, u) for u in range(lay.n_unit)]
+            out += [get(h[a:b]) for h, (a, b) in zip(lay.unit_arrays(src), spans)]
             out.append(lay.new_units([self.shapes[i]], self.dtype)[-1])
         return out
 
@@ -238,13 +247,13 @@ class DeviceGroup:
     def _reduce(self, sub, hp):
         """Run the reductions of one launch; raise a refusal; returns the status (0, or 1 = skip)."""
         rt = runtime()
-        if not self.layout.reducers:
+        if not self.mod.plan.phases:
             return 0
         sc = self.scratch
         sc.sync_hp(hp)
         nb = self._chunk_table(sub)[2]
         run_reductions(self.mod, self.layout, sc, self._args(sub), len(self.shapes), lambda k: k[nb, rt.TPB],
-                       units=self.layout.unit_arrays(self.arenas), first=int(sub[0]))
+                       self.arenas, first=int(sub[0]))
         status, row = decode(int(sc.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
         raise_status(self.rule, status, "" if row is None else f"leaf {row}")
         return status
@@ -264,7 +273,7 @@ class DeviceGroup:
             if hp is not self.hp:
                 self.hp[:] = hp
             if status == 0:
-                args = self._args(sub) + ([sc.fin, sc.st] if self.layout.reducers else [])
+                args = self._args(sub) + ([sc.fin, sc.st, *sc.tables] if self.mod.plan.phases else [])
                 self.mod.multi[self._chunk_table(sub)[2], rt.TPB](*args)
                 self.ts[sub] += 1
             else:
@@ -308,7 +317,7 @@ class DeviceGroup:
         g.__dict__.pop("_arena_spans", None)  # measured again for the new arenas
         g.users = 0
         g.ts, g.skips, g.hp = self.ts.copy(), self.skips.copy(), self.hp.copy()
-        g.scratch = Scratch(self.mod.plan, len(self.shapes), g.hp)
+        g.scratch = g.new_scratch(g.hp)
         g._new_tables()
         return g
 

@@ -34,15 +34,21 @@ class DeviceLeaf(Leaf):
     def __init__(self, rule, shape, dtype, arrays=None, t=0, hp=None, skipped=0, counters=None):
         from ...compiler import ChainLayout
         layout = ChainLayout(rule)
-        layout.refuse_axes("a GPU parameter", scalar=False)
+        layout.refuse_axes("a GPU parameter", scalar=False, axes=False)
         size = int(np.prod(shape, dtype=np.int64))
         if arrays is None:
             arrays = device_state(layout, dtype, size, [tuple(shape)])
         Leaf.__init__(self, rule, shape, dtype, arrays=arrays, t=t, hp=hp, skipped=skipped, counters=counters,
                       layout=layout)
-        self.scratch = Scratch(self.kernels().plan, 1, self.hp)
+        self.scratch = self.new_scratch(self.hp)
         self.xcache = None
         self.spans = None  # byte spans of the state arrays on the device (what a gradient must not overlap)
+
+    def new_scratch(self, hp) -> Scratch:
+        """Device buffers for stepping this state (the axis members' tables sized for its shape)."""
+        lay = self.layout
+        geo = lay.new_units([self.shape], self.dtype)[-1] if lay.axis_rules else None
+        return Scratch(self.kernels().plan, 1, hp, (lay, geo, self.dtype))
 
     def kernels(self):
         """The generated CUDA module of this state's chain and dtype."""
@@ -113,11 +119,9 @@ class DeviceLeaf(Leaf):
         sc.sync_hp(hp)
         nb = blocks(self.size)
         args = [x1, g1, *self.arrays, sc.hp_dev, self.t + 1]
-        if self.layout.reducers:
-            lay = self.layout
-            run_reductions(mod, lay, sc, args, None, lambda k: k[nb, rt.TPB],
-                           units=lay.unit_arrays(self.arrays))
-            args += [sc.fin, sc.st]
+        if mod.plan.phases:
+            run_reductions(mod, self.layout, sc, args, None, lambda k: k[nb, rt.TPB], self.arrays)
+            args += [sc.fin, sc.st, *sc.tables]
         if outputs is None:
             mod.inplace[nb, rt.TPB](*args)
         else:
@@ -144,7 +148,7 @@ class DeviceLeaf(Leaf):
         from numba import cuda
         # the new state reads this state's arrays (shared, never written) and owns the kernel's outputs
         new = self.derive(self.arrays, self.counters.copy())
-        new.scratch = Scratch(self.kernels().plan, 1, new.hp)
+        new.scratch = new.new_scratch(new.hp)
         xo_obj = empty_like(kind(model), model, self.shape, self.dtype)
         xo = flat(info(xo_obj, "x")[0], self.size)
         outs = [cuda.device_array(a.shape, dtype=a.dtype) for a in self.arrays]
