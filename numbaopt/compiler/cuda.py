@@ -26,6 +26,9 @@ kernels, in :func:`numbaopt.compiler.cache_dir`, named by the hash of its text) 
 gives the same precedence as the CPU kernels' early returns. Element kernels return at once when it is
 set, so nothing is written.
 
+Axis members (per-unit reductions) add ``axred_k{r}``/``maxred_k{r}`` and ``axfin_k{r}_{a}`` and per-unit tables
+passed to every kernel (:mod:`.cuda_axes`); the passes run in chain order (``Plan.phases``).
+
 Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the same text is generated with smaller launch
 constants, and :func:`leaf_ptr` turns an address into a NumPy view instead of a device pointer.
 """

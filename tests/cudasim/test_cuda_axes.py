@@ -4,6 +4,7 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from numba import cuda
 
 import numbaopt as no
@@ -178,3 +179,30 @@ def test_generated_source_sums_per_unit_with_atomics():
     for name in ("def axred_k", "def maxred_k", "def axfin_k0_rows", "def axfin_k0_cols", "def axfin_k0_batch",
                  "cuda.atomic.add(T0_rows_0"):
         assert name in src
+
+
+_BEFORE = [None, no.ClipNorm(1.0), no.WeightDecay(0.01)]
+_AXIS = [no.Centralize(), no.AdaptiveGradClip(0.05), no.ScaleByFactoredRMS(min_dim_size_to_factor=2),
+         no.ScaleByFactoredRMS(min_dim_size_to_factor=2, convention="torch"), no.NovoGrad(0.1)]
+_AFTER = [None, no.Adam(0.1), no.ClipGlobalNorm(0.3)]
+
+
+@settings(max_examples=8, deadline=None)
+@given(before=st.sampled_from(_BEFORE), axis=st.sampled_from(_AXIS), after=st.sampled_from(_AFTER),
+       shapes=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple), min_size=1, max_size=3),
+       pure=st.booleans(), seed=st.integers(0, 2**16))
+def test_composed_chains_on_device_trees_equal_the_cpu(before, axis, after, shapes, pure, seed):
+    """Any chain of (an elementwise or reduction member, an axis member, a later member or tree-wide reduction) on a
+    tree of device leaves of any shapes, pure or in place, equals the CPU tree."""
+    rule = no.chain(*[m for m in (before, axis, after) if m is not None])
+    rng = np.random.default_rng(seed)
+    x0 = {f"l{k}": rng.standard_normal(s) for k, s in enumerate(shapes)}
+    cpu, xc = no.setup(rule, {k: v.copy() for k, v in x0.items()}), {k: v.copy() for k, v in x0.items()}
+    xd = {k: _dev(v) for k, v in x0.items()}
+    dev = no.setup(rule, xd)
+    for _ in range(3):
+        g = {k: rng.standard_normal(v.shape) for k, v in x0.items()}
+        cpu, xc = no.update_(cpu, xc, g)
+        dev, xd = (no.update if pure else no.update_)(dev, xd, {k: _dev(v) for k, v in g.items()})
+    for k in x0:
+        np.testing.assert_allclose(_host(xd[k]), xc[k], rtol=1e-11, atol=1e-13, err_msg=k)

@@ -14,8 +14,9 @@ Importing this package does not import ``numba.cuda`` (that costs ~0.3 s and nee
 Device arrays are Numba device arrays, any object with ``__cuda_array_interface__`` (CuPy arrays,
 PyTorch CUDA tensors) and, under the simulator (``NUMBA_ENABLE_CUDASIM=1``), its ``FakeCUDAArray``.
 A gradient on the other side of the bus from its parameter is a ``TypeError``: nothing is copied
-silently. All launches go to the default stream. Stages (AccumGrad, MixedPrecision) do not run on the
-GPU yet (a clear ``NotImplementedError`` at setup).
+silently. All launches go to the default stream. Axis reductions (Adafactor...) run through per-unit tables
+(:mod:`numbaopt.compiler.cuda_axes`). Stages (AccumGrad, MixedPrecision) and matrix rules (Muon) do not run on the
+GPU yet (a clear ``NotImplementedError`` / ``TypeError`` at setup).
 """
 from .arrays import cuda_available, is_device_array
 from .group import DeviceGroup, DeviceMember, setup_device_group
