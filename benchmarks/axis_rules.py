@@ -1,7 +1,8 @@
 """Axis reductions measured: Adafactor's state memory on ResNet-18's shapes against Adam's, and the step time of
 the axis rules beside Adam on one matrix and on the whole ResNet-18 tree (float32, in place).
 
-    .venv/bin/python benchmarks/axis_rules.py [--rounds 15] [--optax]
+    .venv/bin/python benchmarks/axis_rules.py [--rounds 15] [--optax] [--torch]
+    .venv/bin/python benchmarks/axis_rules.py --threads [--rounds 15]   # only: serial against threaded kernels
 
 Memory is counted from the states' arrays (exact). Times are medians of ``--rounds`` rounds; in each round
 every case runs once, in turn, so that all cases see the same machine load; ratios are to Adam in the same
@@ -72,8 +73,12 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--optax", action="store_true")
     ap.add_argument("--torch", action="store_true", help="add torch.optim.Adafactor (CPU) beside Adafactor(torch)")
+    ap.add_argument("--threads", action="store_true", help="only the table of serial against threaded kernels")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
+    if args.threads:
+        threads_table(rng, args.rounds)
+        return
     shapes = resnet18_shapes()
     model = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in model.items()}
@@ -108,6 +113,31 @@ def main(argv=None) -> None:
         for k, v in med.items():
             print(f"| {k} | {1e3 * v:.2f} | {v / med['Adam']:.2f} |")
     serial_table(rng, args.rounds)
+
+
+def threads_table(rng, rounds: int) -> None:
+    """One large array (the threaded kernels run from 1M elements) stepped by the serial and the threaded kernel of
+    each rule, interleaved: the element pass and ``finish`` run on threads, the per-unit sums stay serial."""
+    import numba
+    for shape in ((1024, 1024), (256, 256, 4, 4), (1 << 20,)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        g = rng.standard_normal(shape).astype(np.float32)
+        cases = {}
+        for name, make in RULES.items():
+            for label, th in (("serial", 1 << 40), ("threaded", 0)):
+                st, xx = no.setup(make(), x), x.copy()
+
+                def f(st=st, xx=xx, th=th):
+                    old = no.set_parallel_threshold(th)
+                    no.update_(st, xx, g)
+                    no.set_parallel_threshold(old)
+                cases[(name, label)] = f
+        med = timed(cases, rounds)
+        print(f"\none {shape} array, {numba.get_num_threads()} threads\n| rule | serial ms | threaded ms | speed-up |")
+        print("|---|---|---|---|")
+        for name in RULES:
+            a, b = med[(name, "serial")], med[(name, "threaded")]
+            print(f"| {name} | {1e3 * a:.2f} | {1e3 * b:.2f} | {a / b:.2f} |")
 
 
 def serial_table(rng, rounds: int) -> None:

@@ -10,6 +10,7 @@ import pickle
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import numbaopt as no
 
@@ -124,3 +125,32 @@ def test_mixed_precision_master_equals_a_float32_run(name):
         assert m16[k].dtype == np.float16
         assert np.array_equal(st16[k].master.reshape(SHAPES[k]), m32[k]), k
         assert np.array_equal(m16[k], m32[k].astype(np.float16)), k
+
+
+_THREADED = {**RULES, "adafactor_torch": lambda lr: no.Adafactor(lr=lr, convention="torch", min_dim_size_to_factor=2),
+             "muon": lambda lr: no.Muon(lr)}
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(sorted(_THREADED)), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple),
+       pure=st.booleans(), dtype=st.just(np.float32), seed=st.integers(0, 2**16))
+def test_threaded_kernels_equal_the_serial_ones_bitwise(name, shape, pure, dtype, seed):
+    """One array stepped by the threaded kernels (rows of every matrix on threads, finish over units on threads; the
+    per-unit sums stay one serial pass) gives the serial kernels' bits: parameters and every state."""
+    if name == "muon" and len(shape) != 2:
+        shape = shape[:2] if len(shape) > 2 else (shape[0], 3)
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal(shape).astype(dtype)
+    grads = [rng.standard_normal(shape).astype(dtype) for _ in range(3)]
+    outs = []
+    old = no.set_parallel_threshold(0)
+    try:
+        for th in (10 ** 12, 0):
+            no.set_parallel_threshold(th)
+            s, x = no.setup(_THREADED[name](0.1), x0.copy()), x0.copy()
+            for g in grads:
+                s, x = (no.update if pure else no.update_)(s, x, g)
+            outs.append([x.tobytes()] + [np.asarray(v).tobytes() for v in s.state.values()])
+    finally:
+        no.set_parallel_threshold(old)
+    assert outs[0] == outs[1]

@@ -11,6 +11,8 @@ leaf are the element states, the unit states ``{prefix}u{u}`` and the geometry r
 """
 from __future__ import annotations
 
+import re
+
 from ..rules.base import SCALAR, step_args
 from .elements import LANES, accumulate, call_args, element_lines, finish_call, identity, opt_literal, pairwise
 from .layout import GEO, ChainLayout, reduce_ops
@@ -34,13 +36,19 @@ def _geo(layout, q: int, G: str) -> list:
     return [f"g{d}{q} = {G.format(GEO * q + k)}" for k, d in enumerate(_DIMS)]
 
 
-def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None) -> list:
+def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None, rng: str = "range") -> list:
     """``body`` (unindented lines) inside the loops over the first axis member's geometry, with ``i`` and every
     axis member's unit indices defined; ``G`` reads the geometry row (``"Sg[0, {}]"``). ``hoist(form)`` gives
     ``(before, each, after)`` lines for the forms ``"leaf"``, ``"matrix"`` (a batch of matrices), ``"general"``:
     ``each`` runs after ``body`` for every element, ``before``/``after`` around the innermost loop (sums whose unit
-    does not change along it are kept in a local there, not in memory: no store-to-load chain per element)."""
+    does not change along it are kept in a local there, not in memory: no store-to-load chain per element).
+    ``rng="prange"`` runs the outer loop (over the rows of every matrix) on threads: for a body whose elements are
+    independent (the element pass), not with ``hoist``."""
     hoist = hoist or (lambda form: ([], [], []))
+    par = rng == "prange"
+    leaf_body = body  # the whole-leaf form loops over the elements themselves (prange over i vectorizes)
+    if par:
+        body, views = _slab_views(body)
     L = []
     for q in range(len(layout.axis_rules)):
         L += [f"{indent}{line}" for line in _geo(layout, q, G)]
@@ -49,25 +57,46 @@ def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None) -
     # contiguous innermost loop and their row / matrix sums in locals
     pre, each, post = hoist("leaf")
     L += [f"{indent}if gP0 == 1 and gQ0 == 1 and gS0 == 1 and gB0 == 1:"]  # one unit of cols/batch (whole leaf)
-    L += [f"{i1}{x}" for x in pre] + [f"{i1}for i in range(gA0):"]
-    L += _indexed(layout, {"rows": "i", "cols": "0", "batch": "0"}, body + each, i2) + [f"{i1}{x}" for x in post]
+    L += [f"{i1}{x}" for x in pre] + [f"{i1}for i in {rng}(gA0):"]
+    L += _indexed(layout, {"rows": "i", "cols": "0", "batch": "0"}, leaf_body + each, i2) + [f"{i1}{x}" for x in post]
     pre, each, post = hoist("matrix")
     i4 = i3 + "    "
-    L += [f"{indent}elif gQ0 == 1 and gS0 == 1:",  # a batch of P matrices (one, usually): rows x cols each
-          f"{i1}for _p in range(gP0):", f"{i2}for _a in range(gA0):"] + [f"{i3}{x}" for x in pre]
+    L += [f"{indent}elif gQ0 == 1 and gS0 == 1:"]  # a batch of P matrices (one, usually): rows x cols each
+    L += ([f"{i1}for _pa in prange(gP0 * gA0):", f"{i2}_p = _pa // gA0", f"{i2}_a = _pa - _p * gA0"]
+          + views(i2, "gB0") + [f"{i2}if True:"] if par else [f"{i1}for _p in range(gP0):", f"{i2}for _a in range(gA0):"])
+    L += [f"{i3}{x}" for x in pre]
     L += [f"{i3}for _b in range(gB0):", f"{i4}i = (_p * gA0 + _a) * gB0 + _b"]
     L += _indexed(layout, {"rows": "_p * gA0 + _a", "cols": "_p * gB0 + _b", "batch": "_p"}, body + each, i4)
     L += [f"{i3}{x}" for x in post]
     _, each, _ = hoist("general")
     ind = [indent + "    " * k for k in range(7)]
-    L += [f"{indent}else:", f"{ind[1]}for _p in range(gP0):", f"{ind[2]}for _a in range(gA0):",
-          f"{ind[3]}for _q in range(gQ0):", f"{ind[4]}for _b in range(gB0):",
+    L += [f"{indent}else:"]
+    L += ([f"{ind[1]}for _pa in prange(gP0 * gA0):", f"{ind[2]}_p = _pa // gA0", f"{ind[2]}_a = _pa - _p * gA0"]
+          + views(ind[2], "gQ0 * gB0 * gS0") + [f"{ind[2]}if True:"] if par
+          else [f"{ind[1]}for _p in range(gP0):", f"{ind[2]}for _a in range(gA0):"])
+    L += [f"{ind[3]}for _q in range(gQ0):", f"{ind[4]}for _b in range(gB0):",
           f"{ind[5]}_ib = (((_p * gA0 + _a) * gQ0 + _q) * gB0 + _b) * gS0",
           f"{ind[5]}_ir = ((_p * gA0 + _a) * gQ0 + _q) * gS0",
           f"{ind[5]}_ic = ((_p * gQ0 + _q) * gB0 + _b) * gS0",
           f"{ind[5]}_it = (_p * gQ0 + _q) * gS0",
           f"{ind[5]}for _s in range(gS0):", f"{ind[6]}i = _ib + _s"]
     return L + _indexed(layout, {"rows": "_ir + _s", "cols": "_ic + _s", "batch": "_it + _s"}, body + each, ind[6])
+
+
+_ELEMENT_READ = re.compile(r"\b(x|g|xo|S\d+|O\d+)\[i\]")
+
+
+def _slab_views(body: list) -> tuple:
+    """The threaded loop's body reading and writing views of the slab of elements of one ``(p, a)`` (contiguous,
+    ``_o`` onwards) instead of the whole arrays: the inner loop over a view vectorizes in a parfor, over the whole
+    array it does not (measured: 1024 x 1024 float32 Adam body 2.0 ms threaded, 0.28 ms on row views, 0.47 ms
+    serial). Returns the new body and ``views(indent, slab) -> lines`` making them."""
+    names = sorted({m.group(1) for line in body for m in _ELEMENT_READ.finditer(line)})
+    new = [_ELEMENT_READ.sub(lambda m: f"_r_{m.group(1)}[i - _o]", line) for line in body]
+
+    def views(indent, slab):
+        return [f"{indent}_o = _pa * ({slab})"] + [f"{indent}_r_{n} = {n}[_o:_o + {slab}]" for n in names]
+    return new, views
 
 
 def _decompose(q: int, ind: str) -> tuple:
@@ -124,9 +153,11 @@ def unit_count(q: int, axis: str) -> str:
     return f"np.float64(({n}) * gact{q})"
 
 
-def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> list:
+def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of, rng: str = "range") -> list:
     """Axis member r's dry pass and ``finish``: the per-unit finals ``UF{r}_{axis}_{m}`` and new unit states
-    ``NU{u}``. ``dtype_of(u)`` names the dtype of unit state u (its array's, e.g. ``"Su0.dtype"``)."""
+    ``NU{u}``. ``dtype_of(u)`` names the dtype of unit state u (its array's, e.g. ``"Su0.dtype"``). The dry pass is
+    serial (its sums in one fixed order, whatever the threads); ``rng="prange"`` runs ``finish`` over the units
+    on threads (each unit on its own)."""
     rule = layout.rules[r]
     cls = type(rule)
     q = layout.axis_rules.index(r)
@@ -168,7 +199,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
         L += [f"{indent}NU{u} = np.empty({_units(q, a)}, {dtype_of(u)})" for u in us]
         accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [unit_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
-        L += [f"{indent}for _u in range({_units(q, a)}):",
+        L += [f"{indent}for _u in {rng}({_units(q, a)}):",
               f"{indent}    {', '.join(outs)}, = {finish_call(layout, r, accs)}"]
         L += [f"{indent}    UF{r}_{a}_{m}[_u] = _v{m}" for m in range(nf)]
         L += [f"{indent}    NU{u}[_u] = _w{k}" for k, u in enumerate(us)]
@@ -219,14 +250,14 @@ def unit_views(layout: ChainLayout, arena: str, out: str, G: str, indent: str) -
     return out_lines
 
 
-def unit_writes(layout: ChainLayout, W: str, indent: str) -> list:
+def unit_writes(layout: ChainLayout, W: str, indent: str, rng: str = "range") -> list:
     """Write the new unit states ``NU{u}`` into ``{W}u{u}`` (after the element pass; the scalar states of
     reductions are written by the kernels from their finish)."""
     L = []
     for u, (_, d) in enumerate(layout.unit_decls):
         if d.axis == SCALAR:
             continue
-        L += [f"{indent}for _u in range(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
+        L += [f"{indent}for _u in {rng}(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
     return L
 
 

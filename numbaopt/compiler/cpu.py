@@ -99,7 +99,8 @@ def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str,
         return L + (unit_copies(layout, "S", "O", indent) if layout.units else [])
     if kind == "full" and layout.axis_rules and not flat:
         body = [line[len(ind):] for line in _loop(layout, kind, rng, outplace, indent, flat=True)[1:]]
-        return geo_loop(layout, body, indent, G) + unit_writes(layout, "O" if outplace else "S", indent)
+        return (geo_loop(layout, body, indent, G, rng=rng) +
+                unit_writes(layout, "O" if outplace else "S", indent, rng))
     L += [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
     upto = len(layout.rules) if kind == "full" else layout.accum
     L += element_lines(layout, upto, "gi", "xi", lambda k: f"S{k}[i]", True, ind)
@@ -148,8 +149,8 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     G = "Sg[0, {}]"
     axis = bool(layout.axis_rules)
     units = layout.units
-    if axis:  # serial (the per-unit sums are one pass) and with NRT (they allocate their tables)
-        par = False
+    if any(type(layout.rules[r]).matrix is not None for r in layout.axis_rules):
+        par = False  # a matrix rule's array code: parallel=True would turn its NumPy reductions into parfors
     if inline:
         deco = '@njit(inline="always", **_NJ)'
     else:
@@ -166,7 +167,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
 
     def reduce(r, ind, on_skip):
         if r in layout.axis_rules:
-            return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype")
+            return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype", rng)
         out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + _lane_reduction(layout, r, ind, G)
         fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals] + [f"w{r}_{k}" for k in range(layout.n_scalar(r))]
         accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
