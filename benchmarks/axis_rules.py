@@ -127,7 +127,7 @@ def threads_table(rng, rounds: int) -> None:
             for label, th in (("serial", 1 << 40), ("threaded", 0)):
                 st, xx = no.setup(make(), x), x.copy()
 
-                def f(st=st, xx=xx, th=th):
+                def f(st=st, xx=xx, th=th, g=g):
                     old = no.set_parallel_threshold(th)
                     no.update_(st, xx, g)
                     no.set_parallel_threshold(old)

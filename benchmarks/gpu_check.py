@@ -98,7 +98,9 @@ def check_rules(n, steps, complex_rules=4, max_rules=None):
     cplx = [r for r in catalog() if all(type(m).supports_complex for m in r.rules)][:complex_rules]
     cases += [(r, np.complex64) for r in cplx]
     for rule, dtype in cases:
-        def draw(dtype=dtype, shape=_shape(rule, n)):
+        shape = _shape(rule, n)
+
+        def draw(dtype=dtype, shape=shape):
             a = rng.standard_normal(shape)
             if np.dtype(dtype).kind == "c":
                 a = a + 1j * rng.standard_normal(shape)

@@ -18,7 +18,7 @@ from .elements import LANES, accumulate, call_args, element_lines, finish_call, 
 from .layout import GEO, ChainLayout, reduce_ops
 
 __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction",
-           "unit_indices", "geometry_loads", "unit_count"]
+           "unit_indices", "geometry_loads", "unit_count", "geo_lines"]
 
 _DIMS = ("P", "A", "Q", "B", "S", "act")
 
@@ -31,7 +31,7 @@ def array_names(layout: ChainLayout, prefix: str) -> list:
     return out
 
 
-def _geo(layout, q: int, G: str) -> list:
+def geo_lines(layout, q: int, G: str) -> list:
     """``gP{q} = <G>[..]`` ... for axis member number q (G is a format string with ``{}`` for the column)."""
     return [f"g{d}{q} = {G.format(GEO * q + k)}" for k, d in enumerate(_DIMS)]
 
@@ -51,7 +51,7 @@ def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None, r
         body, views = _slab_views(body)
     L = []
     for q in range(len(layout.axis_rules)):
-        L += [f"{indent}{line}" for line in _geo(layout, q, G)]
+        L += [f"{indent}{line}" for line in geo_lines(layout, q, G)]
     i1, i2, i3 = indent + "    ", indent + "        ", indent + "            "
     # three forms of the loop, chosen per leaf: the common views (a whole leaf, a matrix or a batch of them) keep a
     # contiguous innermost loop and their row / matrix sums in locals
@@ -63,7 +63,8 @@ def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None, r
     i4 = i3 + "    "
     L += [f"{indent}elif gQ0 == 1 and gS0 == 1:"]  # a batch of P matrices (one, usually): rows x cols each
     L += ([f"{i1}for _pa in prange(gP0 * gA0):", f"{i2}_p = _pa // gA0", f"{i2}_a = _pa - _p * gA0"]
-          + views(i2, "gB0") + [f"{i2}if True:"] if par else [f"{i1}for _p in range(gP0):", f"{i2}for _a in range(gA0):"])
+          + views(i2, "gB0") + [f"{i2}if True:"] if par
+          else [f"{i1}for _p in range(gP0):", f"{i2}for _a in range(gA0):"])
     L += [f"{i3}{x}" for x in pre]
     L += [f"{i3}for _b in range(gB0):", f"{i4}i = (_p * gA0 + _a) * gB0 + _b"]
     L += _indexed(layout, {"rows": "_p * gA0 + _a", "cols": "_p * gB0 + _b", "batch": "_p"}, body + each, i4)
@@ -125,7 +126,8 @@ def _indexed(layout, first: dict | None, body: list, ind: str, offset=None) -> l
             L += lines
         for a in axes:
             plus = f" + {offset(r, a)}" if offset is not None else ""
-            L.append(f"{ind}{a[0]}i{r} = i{plus}" if a == "elements" else f"{ind}{a[0]}i{r} = ({src[a]}) * gact{q}{plus}")
+            idx = "i" if a == "elements" else f"({src[a]}) * gact{q}"
+            L.append(f"{ind}{a[0]}i{r} = {idx}{plus}")
     return L + [f"{ind}{line}" for line in body]
 
 
@@ -137,7 +139,7 @@ def unit_indices(layout: ChainLayout, ind: str, offset=None) -> list:
 
 def geometry_loads(layout: ChainLayout, G: str, indent: str) -> list:
     """``gP{q} = ...`` for every axis member, read from the geometry row ``G`` (a format string)."""
-    return [f"{indent}{line}" for q in range(len(layout.axis_rules)) for line in _geo(layout, q, G)]
+    return [f"{indent}{line}" for q in range(len(layout.axis_rules)) for line in geo_lines(layout, q, G)]
 
 
 def _units(q: int, axis: str) -> str:
@@ -162,7 +164,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of, rng: 
     cls = type(rule)
     q = layout.axis_rules.index(r)
     ops = reduce_ops(rule)
-    L = [f"{indent}{line}" for line in _geo(layout, q, G)]
+    L = [f"{indent}{line}" for line in geo_lines(layout, q, G)]
     if cls.matrix is not None:
         return L + _matrix_phase(layout, r, q, indent, G)
     for a in cls.axes:
@@ -197,7 +199,8 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of, rng: 
         # in the compute precision: the step reads them as _R, so rounding here is the same rounding
         L += [f"{indent}UF{r}_{a}_{m} = np.empty({_units(q, a)}, _R)" for m in range(nf)]
         L += [f"{indent}NU{u} = np.empty({_units(q, a)}, {dtype_of(u)})" for u in us]
-        accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [unit_count(q, a)] + [f"np.float64(Su{u}[_u])" for u in us]
+        accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [unit_count(q, a)]
+        accs += [f"np.float64(Su{u}[_u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
         L += [f"{indent}for _u in {rng}({_units(q, a)}):",
               f"{indent}    {', '.join(outs)}, = {finish_call(layout, r, accs)}"]

@@ -20,7 +20,7 @@ bits (and the steps, rarely, by an ulp of the parameters' precision).
 """
 from __future__ import annotations
 
-from .axes import _geo, geometry_loads, unit_count, unit_indices
+from .axes import geo_lines, geometry_loads, unit_count, unit_indices
 from .elements import accumulate, call_args, element_lines, finish_call, identity, load_lines
 from .layout import GEO, ChainLayout, reduce_ops
 
@@ -113,7 +113,7 @@ def axis_finish_kernels(layout: ChainLayout, deco: str) -> list:
         params = ["hp", "t", "G"] + [f"U{u}" for u in us] + ["leafof", "xoff", "ntot"] + mine
         L += [deco, f"def axfin_k{r}_{a}({', '.join(params)}):", "    k = cuda.grid(1)", "    if k < ntot:",
               "        j = leafof[k]", "        _u = k - xoff[j, %d]" % s]
-        L += [f"        {x}" for x in _geo(layout, q, "G[j, {}]")] + load_lines(layout, "        ", "t")
+        L += [f"        {x}" for x in geo_lines(layout, q, "G[j, {}]")] + load_lines(layout, "        ", "t")
         accs = [f"T{r}_{a}_{c}[k]" for c in range(len(ops))] + [unit_count(q, a)]
         accs += [f"np.float64(U{u}[G[j, {base + 2 * u}] + _u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
