@@ -154,3 +154,52 @@ def test_threaded_kernels_equal_the_serial_ones_bitwise(name, shape, pure, dtype
     finally:
         no.set_parallel_threshold(old)
     assert outs[0] == outs[1]
+
+
+_ACCUM = {**RULES, "prodigy": lambda lr: no.Prodigy(), "skip_adafactor": lambda lr: no.SkipNonFinite(
+    no.Adafactor(lr=lr, min_dim_size_to_factor=3))}
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["update_", "update"])
+@pytest.mark.parametrize("name", sorted(_ACCUM))
+def test_accumgrad_before_axis_and_scalar_state_members_steps_on_the_mean(name, pure, tmp_path):
+    """``chain(AccumGrad(3), rule)`` on a tree and on each leaf alone (pure calls keep the unit states of the calls
+    that only accumulate) equals ``rule`` stepped on the cycle's mean every third call, bitwise; a checkpoint saved
+    mid-cycle resumes the cycle; a non-finite gradient in a cycle is refused or skipped by the members after it."""
+    x0, grads = model_of(), grads_of(7, 9)
+    acc_rule = no.chain(no.AccumGrad(3), _ACCUM[name](0.05))
+    st, x = no.setup(acc_rule, copy(x0)), copy(x0)
+    singles = {k: no.setup(acc_rule, x0[k].copy()) for k in SHAPES} if name != "prodigy" else {}
+    xs = copy(x0)
+    ref, xr = no.setup(_ACCUM[name](0.05), copy(x0)), copy(x0)
+    acc = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    step = no.update if pure else no.update_
+    for i, g in enumerate(grads):
+        st, x = step(st, x, g)
+        for k in singles:
+            singles[k], xs[k] = step(singles[k], xs[k], g[k])
+        if i == 4:  # mid-cycle: through a checkpoint
+            no.save(tmp_path / "acc.npz", st)
+            st = no.load(tmp_path / "acc.npz")
+            assert st[next(iter(SHAPES))].count == 2
+        if i % 3 < 2:
+            acc = {k: acc[k] + g[k] for k in SHAPES}
+        else:
+            ref, xr = no.update_(ref, xr, {k: (acc[k] + g[k]) / np.float32(3) for k in SHAPES})
+            acc = {k: np.zeros(s, np.float32) for k, s in SHAPES.items()}
+    for k in SHAPES:
+        assert x[k].tobytes() == xr[k].tobytes(), k
+        if singles:
+            assert xs[k].tobytes() == xr[k].tobytes(), k
+        for n, v in state_arrays(ref, k).items():
+            assert np.array_equal(np.asarray(st[k].state[n]), v), (k, n)
+    if name == "skip_adafactor":  # a non-finite gradient completing a cycle: skipped, the cycle starts again
+        before = {k: np.array(v) for k, v in st["w"].state.items()}
+        bad = grads_of(8, 3)
+        bad[2]["w"][0, 0] = np.nan
+        for g in bad:
+            st, x = step(st, x, g)
+        assert st["w"].skipped == 1 and st["w"].count == 0
+        for n, v in st["w"].state.items():
+            if n in before and n != "acc":
+                assert np.array_equal(np.asarray(v), before[n]), n

@@ -186,21 +186,28 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
             out += _copy_geo("S", "O", "0", ind)
         return out + ([f"{ind}C[3] += 1"] if counters else []) + [f"{ind}return 1"]
 
-    for r in sorted(pre + layout.axis_rules):
+    # the axis members after an AccumGrad run on the completing calls only, on the cycle's mean
+    axis_suf = [r for r in layout.axis_rules if layout.accum is not None and r > layout.accum]
+    for r in sorted(pre + [r for r in layout.axis_rules if r not in axis_suf]):
         L += reduce(r, "    ", skip_all)
+
+    def keep_units(ind):  # a pure call that does not step keeps the unit states (and the view) as they were
+        return unit_copies(layout, "S", "O", ind) + _copy_geo("S", "O", "0", ind) if outplace and units else []
+
     if layout.accum is not None:
         a = layout.accum
         L += [f"    if C[2] + 1 < h{a}_n:"] + _loop(layout, "accumulate", rng, outplace, "        ")
+        L += keep_units("        ")
         L += ["        C[1] += 1", "        C[2] += 1", "        return -1", "    sskip = False"]
         guard = False  # once a member may skip, the later reductions run only when it did not
-        for r in suf:
+        for r in sorted(suf + axis_suf):
             if guard:
                 L += ["    if not sskip:"] + reduce(r, "        ", lambda ind: [f"{ind}sskip = True"])
             else:
                 L += reduce(r, "    ", lambda ind: [f"{ind}sskip = True"])
             guard = guard or _has(layout, r, "skip")
         if any(_has(layout, r, "skip") for r in suf):
-            L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ")
+            L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ") + keep_units("        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
     L += _loop(layout, "full", rng, outplace, "    ", G)
     W = "O" if outplace else "S"
@@ -392,12 +399,14 @@ def _apply(layout, outplace: bool) -> list:
             L += ["            C[3, j] += 1", "            continue"]
     if layout.accum is not None:
         a = layout.accum
+        keep = (unit_copies(layout, "S", "O", "            ") + _copy_geo("A", "B", "j", "            ")
+                if outplace and layout.units else [])  # the unit states (and the view) of a leaf not stepped
         L += [f"        if C[2, j] + 1 < h{a}_n:"] + _loop(layout, "accumulate", "range", outplace, "            ")
-        L += ["            C[1, j] += 1", "            C[2, j] += 1", "            continue"]
+        L += keep + ["            C[1, j] += 1", "            C[2, j] += 1", "            continue"]
         sk = [r for r in suf if _has(layout, r, "skip")]
         if sk:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
-            L += _loop(layout, "reset", "range", outplace, "            ")
+            L += _loop(layout, "reset", "range", outplace, "            ") + keep
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
     L += _in_leaf(layout, len(layout.rules), "        ")
     L += _loop(layout, "full", "range", outplace, "        ", _TG)

@@ -115,10 +115,11 @@ class ChainLayout:
         self.master = self.rules[0].dtype if stages[:1] == ["master"] else None
         self.reducers = [i for i, r in enumerate(self.rules)
                          if getattr(type(r), "reduce", None) is not None and not type(r).axes]
-        if self.units and self.accum is not None:
-            first = next(r for r in self.rules if type(r).axes or any(d.axis for d in r._states.values()))
-            raise TypeError(f"{type(first).__name__} (a reduction with per-unit or scalar state) cannot be chained "
-                            "with AccumGrad yet; accumulate the gradients yourself and step with their mean")
+        if self.units and self.accum is not None:  # after it: stepped on the cycle's mean, like any member
+            before = [r for r in self.rules[:self.accum] if type(r).axes or any(d.axis for d in r._states.values())]
+            if before:
+                raise TypeError(f"{type(before[0]).__name__} (a reduction with per-unit or scalar state) cannot come "
+                                "before an AccumGrad (it would run on every gradient of the cycle); put it after")
         self.scheduled = is_scheduled(rule)
         # per hyperparameter: (its rule, its name, whether it counts calls before an AccumGrad), for fill_hyper
         self._hyper_refs = [(self.rules[r_i], n, self.in_prefix(r_i)) for r_i, n in self.hyper_names]
