@@ -180,13 +180,13 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
                 "steps_per_batch": steps, "bytes": total * bytes_per_elem,
                 "GBps": total * bytes_per_elem / sec / 1e9}
 
-    def measure(case, n, nleaves, impl, make, sync_fn=None, max_s=None):
+    def measure(case, n, nleaves, impl, make, sync_fn=None, max_s=None, bpe=None):
         """Time ``make()``'s step function; a failure (out of memory, a missing feature) is recorded in
         its row and the run goes on, so one short GPU session always gives the whole table."""
         try:
             fn = make()
             sec, steps = _timeit(fn, sync_fn or sync, repeat, target_s, max_s or max_steps)
-            rows.append(row(case, n, nleaves, sec, steps, ADAM_BYTES, impl))
+            rows.append(row(case, n, nleaves, sec, steps, bpe or ADAM_BYTES, impl))
         except Exception as e:
             rows.append({"case": case, "impl": impl, "n": n, "leaves": nleaves, "elements": n * nleaves,
                          "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -211,6 +211,16 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
         def make():
             x, g = dev_full(n, 0.5), dev_full(n, 0.01)
             s = no.setup(no.Adam(1e-3), x)
+            held.extend([x, g, s])
+            return lambda: no.update_(s, x, g)
+        return make
+
+    def axis_case(n, rule):
+        def make():  # a float32 matrix of n elements, 1024 (or fewer) columns: rows and columns factored
+            cols = min(1024, n)
+            x = dev_full(n - n % cols, 0.5).reshape((n // cols, cols))
+            g = dev_full(x.size, 0.01).reshape(x.shape)
+            s = no.setup(rule, x)
             held.extend([x, g, s])
             return lambda: no.update_(s, x, g)
         return make
@@ -253,6 +263,9 @@ def time_cases(sizes, leaves, leaf_size, repeat, target_s, max_steps, use_torch)
     for n in sizes:
         measure("copy", n, 1, "cuMemcpyDtoD", copy_case(n))
         measure("adam", n, 1, "numbaopt", adam_case(n))
+        # Adafactor's passes read g three times (its pass, two leaf reductions) and x twice, write x: 24 bytes
+        measure("adafactor", n, 1, "numbaopt", axis_case(n, no.Adafactor(min_dim_size_to_factor=2)), bpe=24)
+        measure("adafactor(torch)", n, 1, "numbaopt", axis_case(n, no.Adafactor(convention="torch")), bpe=24)
         if torch is not None:
             measure("adam", n, 1, "torch fused", torch_case(n, 1), tsync)
             measure("adam", n, 1, "numbaopt on torch tensors", torch_case(n, 1, True), tsync)
