@@ -286,7 +286,7 @@ def test_prodigy_is_the_last_member_of_a_chain():
 
 def test_accumgrad_and_minimize_refuse_scalar_state():
     with pytest.raises(TypeError, match="cannot come before an AccumGrad"):
-        no.setup(no.chain(no.SkipNonFinite(no.Prodigy()), no.AccumGrad(2), no.Descent(1.0)), np.zeros(3))
+        no.setup(no.chain(no.DAdaptAdamW(), no.AccumGrad(2), no.Descent(1.0)), np.zeros(3))
     with pytest.raises(TypeError, match="scalar state"):
         no.minimize(lambda x: float(x @ x), np.ones(3), no.Prodigy(), jac=lambda x: 2 * x, maxiter=2)
 
