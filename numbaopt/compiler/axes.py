@@ -45,6 +45,8 @@ def geo_loop(layout: ChainLayout, body: list, indent: str, G: str, hoist=None, r
     ``rng="prange"`` runs the outer loop (over the rows of every matrix) on threads: for a body whose elements are
     independent (the element pass), not with ``hoist``."""
     hoist = hoist or (lambda form: ([], [], []))
+    # threaded, one flattened loop over (p, a) replaces the two serial ones; an "if True:" keeps the nesting depth
+    # of what follows the same in both
     par = rng == "prange"
     leaf_body = body  # the whole-leaf form loops over the elements themselves (prange over i vectorizes)
     if par:

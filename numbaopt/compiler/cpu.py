@@ -118,7 +118,8 @@ def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str,
             L.append(f"{ind}O{k}[i] = S{k}[i]")
     if outplace:
         L.append(f"{ind}xo[i] = xi")
-    return L
+    # the members with unit states come after the AccumGrad: a pure call that does not step copies them, as "copy"
+    return L + (unit_copies(layout, "S", "O", indent) if outplace and layout.units else [])
 
 
 def _copy_geo(src: str, dst: str, row: str, ind: str) -> list:
@@ -191,13 +192,13 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     for r in sorted(pre + [r for r in layout.axis_rules if r not in axis_suf]):
         L += reduce(r, "    ", skip_all)
 
-    def keep_units(ind):  # a pure call that does not step keeps the unit states (and the view) as they were
-        return unit_copies(layout, "S", "O", ind) + _copy_geo("S", "O", "0", ind) if outplace and units else []
+    def keep_geo(ind):  # a pure call that does not step keeps the view (its unit states: _loop copies them)
+        return _copy_geo("S", "O", "0", ind) if outplace and units else []
 
     if layout.accum is not None:
         a = layout.accum
         L += [f"    if C[2] + 1 < h{a}_n:"] + _loop(layout, "accumulate", rng, outplace, "        ")
-        L += keep_units("        ")
+        L += keep_geo("        ")
         L += ["        C[1] += 1", "        C[2] += 1", "        return -1", "    sskip = False"]
         guard = False  # once a member may skip, the later reductions run only when it did not
         for r in sorted(suf + axis_suf):
@@ -207,7 +208,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
                 L += reduce(r, "    ", lambda ind: [f"{ind}sskip = True"])
             guard = guard or _has(layout, r, "skip")
         if any(_has(layout, r, "skip") for r in suf):
-            L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ") + keep_units("        ")
+            L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ") + keep_geo("        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
     L += _loop(layout, "full", rng, outplace, "    ", G)
     W = "O" if outplace else "S"
@@ -399,8 +400,8 @@ def _apply(layout, outplace: bool) -> list:
             L += ["            C[3, j] += 1", "            continue"]
     if layout.accum is not None:
         a = layout.accum
-        keep = (unit_copies(layout, "S", "O", "            ") + _copy_geo("A", "B", "j", "            ")
-                if outplace and layout.units else [])  # the unit states (and the view) of a leaf not stepped
+        # the view of a leaf not stepped (its unit states: _loop copies them)
+        keep = _copy_geo("A", "B", "j", "            ") if outplace and layout.units else []
         L += [f"        if C[2, j] + 1 < h{a}_n:"] + _loop(layout, "accumulate", "range", outplace, "            ")
         L += keep + ["            C[1, j] += 1", "            C[2, j] += 1", "            continue"]
         sk = [r for r in suf if _has(layout, r, "skip")]
