@@ -3,6 +3,7 @@ the axis rules beside Adam on one matrix and on the whole ResNet-18 tree (float3
 
     .venv/bin/python benchmarks/axis_rules.py [--rounds 15] [--optax] [--torch]
     .venv/bin/python benchmarks/axis_rules.py --threads [--rounds 15]   # only: serial against threaded kernels
+    .venv/bin/python benchmarks/axis_rules.py --faults [--rounds 15]    # only: page faults of the per-unit tables
 
 Memory is counted from the states' arrays (exact). Times are medians of ``--rounds`` rounds; in each round
 every case runs once, in turn, so that all cases see the same machine load; ratios are to Adam in the same
@@ -74,10 +75,14 @@ def main(argv=None) -> None:
     ap.add_argument("--optax", action="store_true")
     ap.add_argument("--torch", action="store_true", help="add torch.optim.Adafactor (CPU) beside Adafactor(torch)")
     ap.add_argument("--threads", action="store_true", help="only the table of serial against threaded kernels")
+    ap.add_argument("--faults", action="store_true", help="only the minor page faults per step (getrusage)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     if args.threads:
         threads_table(rng, args.rounds)
+        return
+    if args.faults:
+        faults_table(rng, args.rounds)
         return
     shapes = resnet18_shapes()
     model = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
@@ -138,6 +143,34 @@ def threads_table(rng, rounds: int) -> None:
         for name in RULES:
             a, b = med[(name, "serial")], med[(name, "threaded")]
             print(f"| {name} | {1e3 * a:.2f} | {1e3 * b:.2f} | {a / b:.2f} |")
+
+
+def faults_table(rng, rounds: int) -> None:
+    """Minor page faults per in-place step (``getrusage``, Linux) and the median step time, serial kernels: the
+    per-unit tables the kernels allocate per call fault their pages in again when they are as large as the leaf."""
+    import resource
+    shapes = resnet18_shapes()
+    model = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in model.items()}
+    vec = {"x": rng.standard_normal(1 << 20).astype(np.float32)}
+    gvec = {"x": rng.standard_normal(1 << 20).astype(np.float32)}
+    old = no.set_parallel_threshold(1 << 40)
+    try:
+        print(f"\nminor page faults per step, serial kernels (median ms of {rounds})\n| rule | model | faults | ms |")
+        print("|---|---|---|---|")
+        for name in ("Adam", "Adafactor", "Adafactor(unfactored)", "Adafactor(torch)"):
+            for label, m, g in (("1M vector", vec, gvec), ("ResNet-18 tree", model, grads)):
+                st, mm = no.setup(RULES[name](), m), {k: v.copy() for k, v in m.items()}
+                no.update_(st, mm, g)  # compiled, and the allocator warmed
+                times, f0 = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    no.update_(st, mm, g)
+                    times.append(time.perf_counter() - t0)
+                faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / rounds
+                print(f"| {name} | {label} | {faults:,.0f} | {1e3 * statistics.median(times):.2f} |")
+    finally:
+        no.set_parallel_threshold(old)
 
 
 def serial_table(rng, rounds: int) -> None:
