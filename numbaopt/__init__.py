@@ -26,13 +26,13 @@ from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax,
                     ScheduleFree, ScheduleFreeSGD, ScheduleFreeAdamW, ParamAverage, Muon, muon, DAdaptAdamW, Prodigy,
                     LAMBDirection, LARS, Lion, Lookahead, LookaheadSync, MixedPrecision, Momentum, NAdam, Nesterov,
                     NonFiniteGuard, NormalizeByUpdateNorm, OAdam, RAdam, RMSProp, Rprop, Rule, SignDecay, Signum,
-                    SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, option, state)
+                    SkipNonFinite, Trace, TrustRatio, WeightDecay, Yogi, ZeroNaNs, chain, hyper, masked, option, state)
 from .schedules import (Schedule, ademamix_alpha, ademamix_beta3, constant, cosine, exponential, join, linear,
                         linear_one_cycle, one_cycle, piecewise_constant, polynomial, sgdr, sgdr_cycles, step_decay,
                         inverse_sqrt,
                         warmup_constant, warmup_cosine, warmup_exponential)
 from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
-                   param_info, register_container, thaw_)
+                   param_info, register_container, thaw_, trainables)
 
 __version__ = "0.1.0"
 
@@ -43,7 +43,7 @@ __all__ = [
     # the types of the API (for annotations; docs/architecture.md, "Typing")
     "State", "Model", "Grad", "RuleLike", "RuleChooser", "HyperValue",
     # defining and composing rules
-    "Rule", "hyper", "option", "state", "Chain", "chain",
+    "Rule", "hyper", "option", "state", "Chain", "chain", "masked",
     # the catalogue
     "Descent", "Momentum", "Nesterov", "RMSProp", "Adam", "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop",
     "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad", "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm",
@@ -59,7 +59,7 @@ __all__ = [
     "sgdr", "sgdr_cycles", "inverse_sqrt", "ademamix_alpha", "ademamix_beta3", "ReduceOnPlateau",
     # trees
     "Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf", "ParamInfo",
-    "param_info", "freeze_", "thaw_", "destructure",
+    "param_info", "freeze_", "thaw_", "destructure", "trainables",
     # persistence
     "save", "load", "state_dict", "load_state_dict", "DeviceUnavailable", "CheckpointError",
     # compiled loops

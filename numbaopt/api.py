@@ -21,7 +21,8 @@ from .compiler.placement import PAGE
 from .rules.base import Rule
 from .rules.chain import Chain
 from .schedules import Schedule
-from .tree.manage import adjust_tree, adjust_tree_, update_tree, update_tree_
+from .tree.adjust import adjust_tree, adjust_tree_
+from .tree.manage import update_tree, update_tree_
 from .tree.params import ARRAY_SUBCLASSES, is_array_subclass, wrap_like
 from .tree.paths import Path
 from .tree.setup import setup_tree

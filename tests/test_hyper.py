@@ -273,7 +273,9 @@ def test_signatures_show_the_constructor():
     assert str(inspect.signature(no.Adam)) == "(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-08)"
     assert str(inspect.signature(no.RMSProp)) == ("(lr=0.001, rho=0.9, eps=1e-08, *, centred=False, eps_in_sqrt=False, "
                                                   "bias_correction=False)")
-    assert str(inspect.signature(no.ClipGlobalNorm)).startswith("(max_norm=1.0, *, p=2.0")
+    assert str(inspect.signature(no.ClipGlobalNorm)) == ("(max_norm=1.0, eps=0.0, *, p=2.0, error_if_nonfinite=True, "
+                                                         "span=None)")  # span: tree-scope reductions only
+    assert "span" not in inspect.signature(no.ClipNorm).parameters
     assert list(inspect.signature(no.AccumGrad).parameters)[:2] == ["n", "rule"]
     assert "master" in inspect.signature(no.MixedPrecision).parameters
     assert "Adam(lr=0.001, beta1=0.9, beta2=0.999, eps=1e-08)" in pydoc.render_doc(no.Adam, renderer=pydoc.plaintext)

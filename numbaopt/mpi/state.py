@@ -27,7 +27,7 @@ from ..rules.basic import Descent
 from ..rules.base import Rule
 from ..rules.chain import Chain
 from ..tree.collect import collect
-from ..tree.manage import adjust_tree, adjust_tree_
+from ..tree.adjust import adjust_tree, adjust_tree_
 from ..tree.params import ND_WRITEABLE
 from ..tree.setup import setup_tree
 from ..tree.state import StateTree, core

@@ -255,7 +255,10 @@ def enc_rule(r):
                              f"numbaopt schedule (numbaopt.schedules: saved by value), or "
                              f"numbaopt.adjust(state, {k}=<number>) before saving and set the function again "
                              f"after load; nothing was written")
-    return {"rule": qual(type(r)), "values": {k: enc_value(v) for k, v in r._values.items()}}
+    out = {"rule": qual(type(r)), "values": {k: enc_value(v) for k, v in r._values.items()}}
+    if r.span is not None:  # a tree-scope reduction's span name (absent otherwise: older readers see no change)
+        out["span"] = r.span
+    return out
 
 
 def dec_rule(d, what: str = "rule"):
@@ -267,13 +270,15 @@ def dec_rule(d, what: str = "rule"):
             return Chain(*members)
         except (TypeError, ValueError) as e:  # the stages out of place
             raise CheckpointError(f"{what}: {e}") from None
-    as_dict(d, what, ("rule", "values"))
+    as_dict(d, what, ("rule", "values", "span") if isinstance(d, dict) and "span" in d else ("rule", "values"))
     cls = lookup(d["rule"], Rule, what)
     values = as_dict(d["values"], f"{what} values")
     unknown = sorted(set(values) - set(cls._hypers) - set(cls._options))
     if unknown:
         raise CheckpointError(f"{what}: {cls.__name__} has no hyperparameter or option {unknown[:8]}")
     kwargs = {k: dec_value(v, f"{what} {k}") for k, v in values.items()}
+    if "span" in d:
+        kwargs["span"] = as_str(d["span"], f"{what} span")
     rule = _construct(cls, kwargs, what)
     if not isinstance(rule, Rule):
         raise CheckpointError(f"{what}: {cls.__name__}(...) made {type(rule).__name__}, not a rule")

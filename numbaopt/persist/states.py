@@ -30,6 +30,7 @@ from ..backends.state import Leaf, check_param_dtype, enter, leave
 from ..compiler import ChainLayout
 from ..tree.groups import Group, TreeLeaf
 from ..tree.paths import Path
+from ..tree.setup import check_scopes
 from ..tree.state import StateTree, Structure, core, new_state
 from . import files
 from .checks import (MAX_COUNT, MAX_ELEMENTS, as_bool, as_dict, as_int, as_list, as_str, check_counters,
@@ -380,6 +381,10 @@ def _build(header, data) -> StateTree:
         with at(f"device group {di}"):
             host = [Leaf(rule, shape, dt, arrays=a, t=t, skipped=k) for rule, shape, dt, a, t, k in leaves]
         device_groups.append(_to_device(lambda host=host: DeviceGroup.from_host(host), where))
+    try:  # the scopes of its tree-scope reductions, as setup checks them
+        check_scopes(s, groups, device_groups)
+    except (ValueError, NotImplementedError) as e:
+        raise CheckpointError(f"its groups: {e}") from None
     return new_state(s, groups, device_groups, frozen)
 
 

@@ -8,7 +8,7 @@ from .adaptive import (AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, 
                        RMSProp, Yogi)
 from .base import Rule, hyper, option, state
 from .basic import EMA, Descent, Momentum, Nesterov, Trace, WeightDecay
-from .chain import Chain, chain
+from .chain import Chain, chain, masked
 from .averaging import ParamAverage, ScheduleFree, ScheduleFreeAdamW, ScheduleFreeSGD
 from .matrix import Muon, muon
 from .factored import AdaptiveGradClip, Adafactor, Centralize, NovoGrad, ScaleByFactoredRMS, ScaleByParamBlockRMS
@@ -22,7 +22,8 @@ from .sign_based import Lion, Rprop, SignDecay, Signum
 from .stages import AccumGrad, MixedPrecision
 
 __all__ = [
-    "Rule", "hyper", "option", "state", "Chain", "chain", "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
+    "Rule", "hyper", "option", "state", "Chain", "chain", "masked",
+    "Descent", "Momentum", "Nesterov", "RMSProp", "Adam",
     "AdamW", "AdaGrad", "WeightDecay", "ClipGrad", "Rprop", "RAdam", "AdaMax", "OAdam", "AdaDelta", "AMSGrad",
     "NAdam", "AdaBelief", "Lion", "SignDecay", "ClipNorm", "ClipGlobalNorm", "ClipByBlockRMS", "Yogi", "Adan",
     "Signum", "Trace", "TrustRatio", "LAMBDirection", "LAMB", "LARS", "LookaheadSync", "Lookahead", "NonFiniteGuard",
@@ -34,4 +35,4 @@ __all__ = [
 ]
 
 #: the built-in rules and rule constructors, in catalogue order (docs/rules.md follows it)
-BUILTIN = __all__[6:]
+BUILTIN = __all__[7:]

@@ -191,6 +191,9 @@ class Rule(metaclass=_RuleMeta):
     stage = None
     #: whether the rule must be the last member of a chain (its state tracks the step it makes: Prodigy's x0 - x)
     last_member: bool = False
+    #: a tree-scope reduction's span name (``ClipGlobalNorm(1.0, span="enc")``): the reduction spans the leaves
+    #: holding it with the same name (None: every leaf holding it; see docs/trees.md, "Parameter groups")
+    span: str | None = None
     #: an axis reduction's units (some of AXES): ``reduce``'s contributions are summed per unit of each,
     #: ``finish(<totals>, count, <this axis's unit states>, <hyper/option names>)`` runs per unit and returns
     #: the finals then the new unit states; the step reads ``<final>_<axis>`` at its element's unit
@@ -231,7 +234,7 @@ class Rule(metaclass=_RuleMeta):
             check_definition(cls)
         cls.__signature__ = _constructor_signature(cls)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, span=None, **kwargs):
         names = list(self._hypers) + list(self._options)
         positional = list(self._hypers)  # options are keyword-only: adding one never shifts call sites
         if len(args) > len(positional):
@@ -256,6 +259,8 @@ class Rule(metaclass=_RuleMeta):
         for n, o in self._options.items():
             values[n] = o.check(owner, kwargs.get(n, o.default))
         object.__setattr__(self, "_values", values)
+        if span is not None:
+            object.__setattr__(self, "span", _checked_span(type(self), span))
         self.validate()
 
     def validate(self):
@@ -271,7 +276,7 @@ class Rule(metaclass=_RuleMeta):
             raise AttributeError(name) from None
 
     def __reduce__(self):
-        return (_rebuild, (type(self), dict(self._values)))
+        return (_rebuild, (type(self), dict(self._values), self.span))
 
     def replace(self, **kw) -> "Rule":
         """A copy with some hyperparameters/options changed (unknown names are a ValueError)."""
@@ -280,7 +285,7 @@ class Rule(metaclass=_RuleMeta):
         if unknown:
             raise ValueError(unknown_keyword_message(type(self), kw, unknown))
         vals.update(kw)
-        return type(self)(**vals)
+        return type(self)(**vals) if self.span is None else type(self)(**vals, span=self.span)
 
     # -- introspection used by the generator and the engine -------------------------------------
     @property
@@ -319,15 +324,17 @@ class Rule(metaclass=_RuleMeta):
         return {n: self._values[n] for n in self._options}
 
     def __eq__(self, other):
-        return type(self) is type(other) and self._values == other._values
+        return type(self) is type(other) and self._values == other._values and self.span == other.span
 
     def __hash__(self):
-        return hash((type(self), tuple(sorted((k, repr(v)) for k, v in self._values.items()))))
+        return hash((type(self), tuple(sorted((k, repr(v)) for k, v in self._values.items())), self.span))
 
     def __repr__(self):
         parts = []
         for n, v in self._values.items():
             parts.append(f"{n}={v!r}")
+        if self.span is not None:
+            parts.append(f"span={self.span!r}")
         return f"{type(self).__name__}({', '.join(parts)})"
 
     @classmethod
@@ -414,8 +421,20 @@ def _constructor_signature(cls) -> inspect.Signature:
     P = inspect.Parameter
     params = [P(n, P.POSITIONAL_OR_KEYWORD, default=h.default) for n, h in cls._hypers.items()]
     params += [P(n, P.KEYWORD_ONLY, default=o.default) for n, o in cls._options.items()]
+    if cls.scope == "tree":
+        params.append(P("span", P.KEYWORD_ONLY, default=None))
     return inspect.Signature(params)
 
 
-def _rebuild(cls, values):
-    return cls(**values)
+def _rebuild(cls, values, span=None):
+    return cls(**values) if span is None else cls(**values, span=span)
+
+
+def _checked_span(cls, span) -> str:
+    """A span name, checked: a non-empty string, on a tree-scope reduction."""
+    if cls.scope != "tree":
+        raise TypeError(f"{cls.__name__}: span={span!r} names the leaves a tree-scope reduction spans together; "
+                        f"{cls.__name__} is not one (it acts on each array alone)")
+    if not isinstance(span, str) or not span:
+        raise TypeError(f"{cls.__name__}: span must be a non-empty string (a name), got {span!r}")
+    return span

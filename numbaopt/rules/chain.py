@@ -1,9 +1,14 @@
-"""``chain(rule1, rule2, ...)``: each rule's step is the next rule's gradient, fused into one kernel."""
+"""``chain(rule1, rule2, ...)``: each rule's step is the next rule's gradient, fused into one kernel.
+
+A member may be a *rule chooser* ``fn(path, leaf) -> rule`` (:func:`numbaopt.muon`, :func:`masked`, your own):
+the chain is then a rule chooser for :func:`numbaopt.setup` too, each leaf getting the chain of what its
+members give it (optax's ``chain(clip_by_global_norm(1.0), partition(...))``).
+"""
 from __future__ import annotations
 
 from .base import Rule
 
-__all__ = ["Chain", "chain", "check_members"]
+__all__ = ["Chain", "chain", "check_members", "ChainChooser", "masked", "Masked"]
 
 
 def check_members(rules) -> tuple:
@@ -84,7 +89,104 @@ class Chain:
         return f"chain({', '.join(map(repr, self.rules))})"
 
 
-def chain(*rules) -> Rule | Chain:
-    """Compose rules; a chain of one rule is that rule, and ``chain()`` the identity (``d = g``)."""
+def _is_chooser(r) -> bool:
+    return callable(r) and not isinstance(r, (Rule, Chain, type))
+
+
+def chain(*rules) -> Rule | Chain | ChainChooser:
+    """Compose rules; a chain of one rule is that rule, and ``chain()`` the identity (``d = g``). With a rule
+    chooser among the members, a :class:`ChainChooser` (a rule chooser for :func:`numbaopt.setup`)."""
+    if any(_is_chooser(r) for r in rules):
+        return ChainChooser(rules)
     c = Chain(*rules)
     return c.rules[0] if len(c.rules) == 1 else c
+
+
+class ChainChooser:
+    """A chain some of whose members are rule choosers ``fn(path, leaf)``: itself a rule chooser, giving each
+    leaf the chain of its members' rules (the same member objects give the same chain object). A member
+    chooser returning ``None`` leaves the leaf untrained, except a :func:`masked` member, which is then left
+    out of that leaf's chain.
+
+    >>> import numpy as np, numbaopt as no
+    >>> choose = no.chain(no.ClipGlobalNorm(1.0), no.muon(0.02))   # one norm over every leaf, then Muon/Adam
+    >>> [type(r).__name__ for r in choose(None, np.ones((2, 2))).rules]
+    ['ClipGlobalNorm', 'Muon']
+    >>> [type(r).__name__ for r in choose(None, np.ones(2)).rules]
+    ['ClipGlobalNorm', 'Adam']
+    """
+
+    __slots__ = ("members", "_made")
+
+    def __init__(self, members):
+        members = tuple(members)
+        for r in members:
+            if not (isinstance(r, (Rule, Chain)) or _is_chooser(r)):
+                Chain(r)  # the usual TypeError for what is neither a rule nor a chooser
+        object.__setattr__(self, "members", members)
+        object.__setattr__(self, "_made", {})
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ChainChooser is immutable")
+
+    def __call__(self, path, x):
+        rules = []
+        for m in self.members:
+            if not _is_chooser(m):
+                rules.append(m)
+                continue
+            r = m(path, x)
+            if r is None:
+                if isinstance(m, Masked):
+                    continue
+                return None
+            if not isinstance(r, (Rule, Chain)):
+                raise TypeError(f"chain: the member {m!r} returned {r!r}, not a rule")
+            rules.append(r)
+        key = tuple(map(id, rules))
+        got = self._made.get(key)
+        if got is None:  # the rules are kept alive with it: their ids stay theirs
+            got = self._made[key] = (rules, chain(*rules))
+        return got[1]
+
+    def __repr__(self):
+        return f"chain({', '.join(map(_member_repr, self.members))})"
+
+
+def _member_repr(m) -> str:
+    return repr(m) if isinstance(m, (Rule, Chain, Masked)) else getattr(m, "__qualname__", None) or repr(m)
+
+
+class Masked:
+    """:func:`masked`'s rule chooser: ``rule`` where ``mask(path, leaf)`` is true."""
+
+    __slots__ = ("rule", "mask")
+
+    def __init__(self, rule, mask):
+        if not isinstance(rule, (Rule, Chain)):
+            raise TypeError(f"masked: expected a rule or a chain, got {rule!r}")
+        if not callable(mask):
+            raise TypeError(f"masked: the mask must be a function mask(path, leaf) -> bool, got {mask!r}")
+        self.rule, self.mask = rule, mask
+
+    def __call__(self, path, x):
+        return self.rule if self.mask(path, x) else None
+
+    def __repr__(self):
+        return f"masked({self.rule!r}, {getattr(self.mask, '__qualname__', None) or self.mask!r})"
+
+
+def masked(rule, mask) -> Masked:
+    """``rule`` on the leaves where ``mask(path, leaf)`` is true (optax's ``masked``): in a chain, the other leaves
+    go without that member; given to :func:`numbaopt.setup` alone, only those leaves are trained.
+
+    Weight decay on the matrices only, one global clip over every leaf:
+
+    >>> import numpy as np, numbaopt as no
+    >>> model = {"w": np.ones((2, 2)), "b": np.ones(2)}
+    >>> opt = no.chain(no.ClipGlobalNorm(1.0), no.Adam(1e-3), no.masked(no.WeightDecay(1e-4), lambda p, x: x.ndim == 2))
+    >>> state = no.setup(opt, model)
+    >>> print([type(r).__name__ for r in state["w"].rule.rules], [type(r).__name__ for r in state["b"].rule.rules])
+    ['ClipGlobalNorm', 'Adam', 'WeightDecay'] ['ClipGlobalNorm', 'Adam']
+    """
+    return Masked(rule, mask)

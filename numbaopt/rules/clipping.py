@@ -63,7 +63,8 @@ def _norm_ops(rule):
 
 
 class ClipNorm(Rule):
-    """Norm clipping: ``n = ||g||_p`` over the array (any p > 0, inf included), ``d = g * min(max_norm / n, 1)``.
+    """Norm clipping: ``n = ||g||_p`` over the array (any p > 0, inf included), ``d = g * min(max_norm / (n + eps), 1)``
+    (``eps = 0`` by default, as Optimisers.jl and optax; torch's ``clip_grad_norm_`` is ``eps=1e-6``).
 
     ``n`` is ``sqrt(sum |g|^2)`` for p = 2, ``sum |g|`` for p = 1, ``max |g|`` for p = inf and
     ``(sum |g|^p)^(1/p)`` (summed in float64) for any other p. A non-finite ``n`` raises ValueError (nothing
@@ -84,12 +85,14 @@ class ClipNorm(Rule):
     """
     max_norm = hyper(10.0, low=0.0)
     p = _NormOrder(2.0, doc="the norm: any p > 0 (1, 2 and inf have exact special cases)")
+    eps = hyper(0.0, low=0.0, doc="added to the norm: d = g * min(max_norm / (n + eps), 1); torch's "
+                "clip_grad_norm_ adds 1e-6")
     error_if_nonfinite = option(True)
     reduce_ops = _norm_ops
     finals = ("scale", "error")
     error_message = "the gradient norm is not finite (NaN or Inf); nothing was changed " \
                     "(pass error_if_nonfinite=False to step anyway)"
-    torch = "clip_grad_norm_(params, max_norm, norm_type=p, error_if_nonfinite) per array (torch adds 1e-6 to n)"
+    torch = "clip_grad_norm_(params, max_norm, norm_type=p, error_if_nonfinite) per array, with eps=1e-6"
     optax = "(clip_by_block_rms is RMS-based); per-array norm clip has no direct optax equivalent"
 
     @staticmethod
@@ -105,14 +108,14 @@ class ClipNorm(Rule):
         return INF
 
     @staticmethod
-    def finish(total, max_norm, p, error_if_nonfinite):
+    def finish(total, max_norm, p, eps, error_if_nonfinite):
         # the max over no elements is the identity -inf: the norm of an empty gradient is 0
         n = math.sqrt(total) if p == 2.0 else max(total, 0.0)
         if p != 1.0 and p != 2.0 and p != INF:
             n = n ** (1.0 / p)
         if not math.isfinite(n) and error_if_nonfinite:
             return 0.0, 1.0
-        return (min(max_norm / n, 1.0) if n > 0.0 else 1.0), 0.0
+        return (min(max_norm / (n + eps), 1.0) if n > 0.0 else 1.0), 0.0
 
     @staticmethod
     def step(g, x, scale):
@@ -121,7 +124,9 @@ class ClipNorm(Rule):
 
 class ClipGlobalNorm(ClipNorm):
     """Global-norm clipping: one norm ``n = ||g||_p`` over every leaf of the tree (or over the array),
-    then ``d = g * min(max_norm / n, 1)`` everywhere; non-finite n raises unless disabled.
+    then ``d = g * min(max_norm / (n + eps), 1)`` everywhere (torch's ``clip_grad_norm_``: ``eps=1e-6``); non-finite
+    n raises unless disabled. With a rule chooser it spans every leaf holding the same clip, whatever the rest of
+    each leaf's chain (parameter groups: docs/trees.md); ``span="name"`` gives a set of leaves a norm of its own.
 
     Pascanu, Mikolov and Bengio, "On the difficulty of training recurrent neural networks", 2013.
     https://arxiv.org/abs/1211.5063
@@ -135,7 +140,7 @@ class ClipGlobalNorm(ClipNorm):
     """
     max_norm = hyper(1.0, low=0.0)
     scope = "tree"
-    torch = "clip_grad_norm_(model.parameters(), max_norm, norm_type=p, error_if_nonfinite)"
+    torch = "clip_grad_norm_(model.parameters(), max_norm, norm_type=p, error_if_nonfinite) with eps=1e-6"
     optax = "clip_by_global_norm(max_norm) (p=2; optax never raises: error_if_nonfinite=False)"
 
 

@@ -6,7 +6,7 @@ trait) → :mod:`.groups` → :mod:`.state` (``StateTree``, owned here) → :mod
 :mod:`.destructure`.
 """
 from .containers import not_trainable, register_container
-from .destructure import destructure
+from .destructure import destructure, trainables
 from .groups import TreeLeaf
 from .manage import freeze_, thaw_
 from .params import ParamInfo, param_info
@@ -14,4 +14,4 @@ from .paths import Path, PathEntry
 from .state import StateNode, StateTree
 
 __all__ = ["Path", "PathEntry", "register_container", "not_trainable", "StateTree", "StateNode", "TreeLeaf",
-           "ParamInfo", "param_info", "freeze_", "thaw_", "destructure"]
+           "ParamInfo", "param_info", "freeze_", "thaw_", "destructure", "trainables"]

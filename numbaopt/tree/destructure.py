@@ -1,4 +1,5 @@
-"""``destructure(model)``: all trainable parameters of a model in one flat vector, and the way back."""
+"""The trainable parameters of a model: ``trainables(model)`` lists them with their paths, ``destructure(model)``
+puts them in one flat vector and gives the way back."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,14 +8,44 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from .params import param_info
+from .paths import Path
 from .structure import flatten, rebuild
+from .torch_models import setup_model
 
-__all__ = ["destructure"]
+__all__ = ["destructure", "trainables"]
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
 M = TypeVar("M")  # the model, rebuilt with its type
+
+
+def trainables(model) -> list[tuple[Path, object]]:
+    """``[(path, parameter), ...]``: the arrays (tensors, scalars) :func:`numbaopt.setup` trains in ``model``, in
+    the model's order, a tied array once (Optimisers.jl's ``trainables(model; path=true)``). Leaves that are no
+    parameters, ``not_trainable`` fields, keys a container excludes and frozen torch Parameters are left out; a
+    torch module is seen as ``setup`` sees it (its named parameters).
+
+    >>> import numpy as np, numbaopt as no
+    >>> model = {"enc": {"w": np.ones((2, 2)), "b": np.zeros(2)}, "steps": 3}
+    >>> [(str(p), x.shape) for p, x in no.trainables(model)]
+    [("['enc']['w']", (2, 2)), ("['enc']['b']", (2,))]
+    """
+    out, seen = [], set()
+
+    def on_leaf(path, x, trainable):
+        info = param_info(x)
+        if info is None or not trainable or not info.trainable:
+            return False
+        if info.tieable:
+            if id(x) in seen:
+                return True
+            seen.add(id(x))
+        out.append((path, x))
+        return True
+
+    flatten(setup_model(model), on_leaf)
+    return out
 
 
 def destructure(model: M) -> tuple[np.ndarray, Callable[[ArrayLike], M]]:

@@ -95,6 +95,26 @@ class Group:
         return self.derive([a.copy() for a in self.arenas], self.C.copy(),
                            [None if m is None else m.copy() for m in self.masters])
 
+    def subset(self, js, rule, hp) -> Group:
+        """A new group of this group's leaves ``js`` (their state copied: element and unit states, counters,
+        master copies) under ``rule`` (the same options: the same kernels) with hyperparameters ``hp``."""
+        lay = self.layout
+        g = Group(rule, self.dtype, [self.members[j] for j in js], [self.shapes[j] for j in js],
+                  [self.param_dtypes[j] for j in js], [None if self.masters[j] is None else self.masters[j].copy()
+                                                       for j in js])
+        for k, j in enumerate(js):
+            o, n, o2 = int(self.offsets[j]), int(self.sizes[j]), int(g.offsets[k])
+            for new, old in zip(g.arenas[:lay.n_state], self.arenas[:lay.n_state]):
+                new[o2:o2 + n] = old[o:o + n]
+            if lay.units:
+                for u, (new, old) in enumerate(zip(lay.unit_arrays(g.arenas), lay.unit_arrays(self.arenas))):
+                    a, b = lay.unit_span(self.arenas[-1], j, u)
+                    a2, b2 = lay.unit_span(g.arenas[-1], k, u)
+                    new[a2:b2] = old[a:b]
+            g.C[:, k] = self.C[:, j]
+        g.hp[:] = hp
+        return g
+
     def set_rule_(self, rule, hp) -> None:
         """Switch to ``rule`` (same options) with the checked hyperparameters ``hp`` (in place: fast plans
         and leaf views hold this array)."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..backends.cuda.group import DeviceGroup, DeviceMember
-from ..backends.state import Leaf, adjusted_rule, enter, in_use, leave
-from ..compiler import ChainLayout
+from ..backends.cuda.group import DeviceGroup
+from ..backends.state import Leaf, enter, in_use, leave
 from .fastpath import FastPlan
 from .groups import TreeLeaf
-from .state import StateNode, StateTree, core
+from .state import StateNode, StateTree, core, part
 from .step import step_tree
 
-__all__ = ["update_tree", "update_tree_", "adjust_tree", "adjust_tree_", "freeze_", "thaw_", "copy_state",
+__all__ = ["update_tree", "update_tree_", "freeze_", "thaw_", "copy_state",
            "check_swapped", "not_a_state"]
 
 M = TypeVar("M")
@@ -94,50 +93,6 @@ def update_tree(state: StateTree, model: M, grads: Any) -> tuple[StateTree, M]:
     return StateTree(new), out
 
 
-def _plan_adjust(c, hyper: dict):
-    """New rules and hyperparameter vectors for every group (checked), or a ValueError naming the
-    problem; nothing is changed here."""
-    everything = list(c.groups) + list(c.device_groups)
-    valid = {n for g in everything for r in g.rule.rules for n in r._hypers}
-    options = {n for g in everything for r in g.rule.rules for n in r._options}
-    for n in hyper:
-        if n not in valid:
-            if n in options:
-                raise ValueError(f"{n} is a compile-time option; set up a new state to change it")
-            raise ValueError(f"unknown hyperparameter {n!r}; valid: {sorted(valid)}")
-    out = []
-    for g in everything:
-        names = {n for r in g.rule.rules for n in r._hypers}
-        kw = {k: v for k, v in hyper.items() if k in names}
-        if not kw:
-            continue
-        rule = adjusted_rule(g.rule, kw)
-        hp = ChainLayout(rule).hyper_vector(g.t + 1, g.t + 1, g.dtype)  # a schedule out of its domain raises here
-        out.append((g, rule, hp))
-    return out
-
-
-def adjust_tree_(state: StateTree, **hyper: Any) -> StateTree:
-    """Change hyperparameters in place (see :func:`numbaopt.adjust_`); never recompiles."""
-    c = core(state, "adjust_")
-    enter(c, "adjust_")
-    try:
-        changes = _plan_adjust(c, hyper)
-        for g, rule, hp in changes:  # nothing below can fail
-            g.set_rule_(rule, hp)
-        c.fast = None
-    finally:
-        leave(c)
-    return state
-
-
-def adjust_tree(state: StateTree, **hyper: Any) -> StateTree:
-    """A new state with new hyperparameters; moments and step counts are kept."""
-    c = core(state, "adjust")
-    _plan_adjust(c, hyper)  # validate before copying
-    return adjust_tree_(copy_state(state), **hyper)
-
-
 def copy_state(state: StateTree) -> StateTree:
     """A deep copy of a state tree (new arenas, counters, frozen flags)."""
     c = core(state, "copy")
@@ -150,17 +105,8 @@ def copy_state(state: StateTree) -> StateTree:
 
 def _units_of(sub, fname):
     """``(core, units)`` of a state tree, a part of one, or one of its leaves."""
-    if isinstance(sub, TreeLeaf) and sub.core_ref is not None:
-        c = sub.core_ref()
-        if c is None:
-            raise TypeError(f"{fname}: this leaf's state tree is gone")
-        return c, [sub.unit]
-    if isinstance(sub, StateNode):
-        return sub._core, sub.units()
-    if isinstance(sub, DeviceMember):
-        raise TypeError(f"{fname}: a device leaf is frozen through the container above it (state['gpu'])")
-    raise TypeError(f"{fname}: expected a state tree, a part of one (state.layer) or one of its leaves, "
-                    f"got {type(sub).__name__}")
+    c, units, _ = part(sub, fname)
+    return c, (units if units is not None else sub.units())
 
 
 def freeze_(sub: Sub) -> Sub:

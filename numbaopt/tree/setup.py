@@ -2,8 +2,8 @@
 
 Leaves are grouped by (rule, compute dtype) on the host and by (rule, dtype) on the GPU; each group is
 stepped by one kernel call. ``rule`` may be a function ``fn(path, leaf) -> rule or None`` choosing per
-leaf (like optax's ``multi_transform``): a tree-scope reduction (a global-norm clip) then spans the leaves
-whose rules are equal, across dtypes.
+leaf (torch's param groups, optax's ``partition``): a tree-scope reduction (a global-norm clip) then spans
+every leaf holding the same one at the same place, across groups (:mod:`.scopes`).
 """
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from ..compiler import ChainLayout
 from ..rules.base import Rule
 from ..rules.chain import Chain
 from .groups import Group
+from . import scopes
 from .params import param_info
 from .state import Structure, new_state
 from .structure import flatten
 
-__all__ = ["setup_tree", "reduction_domains"]
+__all__ = ["setup_tree", "check_scopes"]
 
 def _kind(x) -> str:
     if isinstance(x, np.ndarray):
@@ -87,7 +88,13 @@ def setup_tree(rule, model, what=None):
         pos_param.append(info is not None)
         r = None
         if info is not None and trainable and info.trainable:  # a frozen torch Parameter: not trained
-            r = chooser(path, x) if chooser is not None else rule
+            if chooser is None:
+                r = rule
+            else:
+                try:
+                    r = chooser(path, x)
+                except TypeError as e:  # a chain of choosers naming a member that gave no rule: say where
+                    raise TypeError(f"model{path}: {e}") from None
             if r is not None:
                 try:
                     r, layout = layout_of(r)
@@ -174,26 +181,16 @@ def setup_tree(rule, model, what=None):
             s.u_group[u], s.u_j[u] = len(groups), j
         groups.append(grp)
     s.u_compute = [None if s.u_group[u] is None else groups[s.u_group[u]].dtype for u in range(s.n_unique)]
-    for dom in reduction_domains(groups, device_groups):
-        if len(dom) > 1 and any(not isinstance(g, Group) for g in dom):
-            raise NotImplementedError(
-                f"{dom[0].rule!r}: a tree-scope reduction (e.g. a global-norm clip) over leaves on the GPU and "
-                "elsewhere (other dtypes, or the host); the GPU backend reduces over one group: keep those leaves "
-                "on one device and of one dtype")
+    check_scopes(s, groups, device_groups)
     return new_state(s, groups, device_groups)
 
 
-def reduction_domains(groups, device_groups=()) -> list:
-    """The groups whose rules have a tree-scope reduction, in sets of equal rules: a tree-scope reduction
-    spans every leaf of its set (one set per distinct rule, as optax's transform over its leaves)."""
-    doms: list[list] = []
-    for g in list(groups) + list(device_groups):
-        if not g.layout.tree_reducers():
-            continue
-        for d in doms:
-            if d[0].rule == g.rule:
-                d.append(g)
-                break
-        else:
-            doms.append([g])
-    return doms
+def check_scopes(s, groups, device_groups) -> None:
+    """The scope rule of tree-scope reductions over a state's groups (:func:`numbaopt.tree.scopes.check`)."""
+    first_dev = {}
+    for u in range(s.n_unique):
+        if s.u_device[u] is not None:
+            first_dev.setdefault(s.u_device[u], u)
+    planned = [scopes.Planned(g.rule, g.layout, g.members[0], False) for g in groups]
+    planned += [scopes.Planned(g.rule, g.layout, first_dev[i], True) for i, g in enumerate(device_groups)]
+    scopes.check(planned, s.where)

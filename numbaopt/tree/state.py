@@ -15,10 +15,11 @@ import numpy as np
 from ..backends.cuda.group import DeviceMember
 from ..backends.state import enter, leave
 from .containers import BUILTIN_SPECS, ContainerSpec, registry, type_name
+from .groups import TreeLeaf
 from .paths import Path, where
 from .structure import describe
 
-__all__ = ["Structure", "TreeCore", "StateNode", "StateTree", "core", "new_state"]
+__all__ = ["Structure", "TreeCore", "StateNode", "StateTree", "core", "part", "new_state"]
 
 
 class Structure:
@@ -264,6 +265,25 @@ def core(state, fname: str = "update") -> TreeCore:
     if isinstance(state, StateNode):
         raise TypeError(f"{fname}: expected the whole state tree (from setup), got a sub-state")
     raise TypeError(f"{fname}: expected a state from numbaopt.setup, got {type(state).__name__}")
+
+
+def part(sub, fname: str) -> tuple:
+    """``(core, units, name)`` of a state tree (``units`` None: the whole of it), a part of one
+    (``state["enc"]``: the units below it) or one of its leaves; a ``TypeError`` naming ``fname`` otherwise."""
+    if type(sub) is StateTree:
+        return sub._core, None, "state"
+    if isinstance(sub, StateNode):
+        return sub._core, sub.units(), where("state", sub._path)
+    if isinstance(sub, TreeLeaf) and sub.core_ref is not None:
+        c = sub.core_ref()
+        if c is None:
+            raise TypeError(f"{fname}: this leaf's state tree is gone")
+        return c, [sub.unit], c.structure.where(sub.unit, "state")
+    if isinstance(sub, DeviceMember):
+        raise TypeError(f"{fname}: a device leaf of a tree is reached through the container above it "
+                        "(state['gpu'])")
+    raise TypeError(f"{fname}: expected a state tree, a part of one (state.layer) or one of its leaves, "
+                    f"got {type(sub).__name__}")
 
 
 def _format(c: TreeCore, node, path) -> str:

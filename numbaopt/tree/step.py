@@ -28,6 +28,7 @@ from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .collect import collect
 from .params import ND_READONLY, ND_WRITEABLE
+from .scopes import domains
 from .state import TreeCore
 from .structure import rebuild
 
@@ -292,51 +293,86 @@ def _refusal(s, run, r) -> ValueError:
     return status_error(grp.rule, ERROR_BASE + r, where_)
 
 
-def _phased(s, dom):
-    """The reductions of runs sharing one rule with a tree-scope reduction, phase by phase: a tree-scope
-    reduction sums the partials of every run (in leaf order) before its ``finish``."""
-    first = dom[0]
-    lay = first.grp.layout
-    for r in lay.reducers:
-        rule = lay.rules[r]
-        for run in dom:
-            getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
-        if type(rule).scope == "tree":
-            tot = lay.totals(r)
-            for run in dom:
-                getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
-            row = np.empty(lay.row_len(r), dtype=np.float64)
-            getattr(first.grp.mod, f"finish_row_{r}")(tot, first.hp, row)
-            for run in dom:
-                getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)
-        else:
-            for run in dom:
-                getattr(run.grp.mod, f"finish_leaves_{r}")(run.P, run.hp, run.F)
-        if "error" in type(rule).finals:
-            for run in dom:
-                err = lay.fin_cols[r] + type(rule).finals.index("error")
-                flag = lay.acc_cols[r] + len(reduce_ops(rule))
-                if np.any((run.P[:, flag] != 0.0) & (run.F[:, err] != 0.0)):
-                    raise _refusal(s, run, r)
+def _leaf_phase(s, run, r) -> None:
+    """Leaf-scope reduction ``r`` of one run: partials, finals per leaf, a refusal raised."""
+    mod = run.grp.mod
+    getattr(mod, f"partial_{r}")(*run.args(True))
+    getattr(mod, f"finish_leaves_{r}")(run.P, run.hp, run.F)
+    _raise_refusal(s, [(run, r)])
+
+
+def _tree_phase(s, members) -> None:
+    """One tree-scope reduction over ``members`` = [(run, member index)]: the partials of every run, combined
+    in run order (each run's module reads its own columns), one ``finish`` (the members agree on what it
+    reads: :mod:`.scopes`), the finals put into every run's table."""
+    for run, r in members:
+        getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
+    run0, r0 = members[0]
+    lay0 = run0.grp.layout
+    tot = lay0.totals(r0)
+    for run, r in members:
+        getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
+    row = np.empty(lay0.row_len(r0), dtype=np.float64)
+    getattr(run0.grp.mod, f"finish_row_{r0}")(tot, run0.hp, row)
+    for run, r in members:
+        getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)
+    _raise_refusal(s, members)
+
+
+def _raise_refusal(s, members) -> None:
+    """Raise the refusal of a reduction over ``members`` = [(run, member index)], if it refuses: named after a
+    leaf whose own contribution is not finite when there is one (a tree-scope refusal flags every leaf)."""
+    bad = []
+    for run, r in members:
+        rule = run.grp.layout.rules[r]
+        if "error" not in type(rule).finals:
+            return
+        lay = run.grp.layout
+        err = lay.fin_cols[r] + type(rule).finals.index("error")
+        flag = lay.acc_cols[r] + len(reduce_ops(rule))
+        if np.any((run.P[:, flag] != 0.0) & (run.F[:, err] != 0.0)):
+            bad.append((run, r))
+    if not bad:
+        return
+    for run, r in bad:
+        lay = run.grp.layout
+        c0 = lay.acc_cols[r]
+        flag = c0 + len(reduce_ops(lay.rules[r]))
+        if any(run.P[j, flag] != 0.0 and not np.all(np.isfinite(run.P[j, c0:flag])) for j in range(len(run.P))):
+            raise _refusal(s, run, r)
+    raise _refusal(s, *bad[0])
+
+
+def _phased(s, dom) -> None:
+    """The reductions of a domain (:func:`numbaopt.tree.scopes.domains`), in chain order: each run's leaf-scope
+    reductions on their own, each tree-scope one once every run holding it has reached it."""
+    queues = [run.grp.layout.reducers for run in dom]
+    heads = [0] * len(dom)
+    while True:
+        waiting = {}
+        for i, run in enumerate(dom):
+            q, slots = queues[i], dom.slot_of[i]
+            while heads[i] < len(q) and q[heads[i]] not in slots:
+                _leaf_phase(s, run, q[heads[i]])
+                heads[i] += 1
+            if heads[i] < len(q):
+                waiting.setdefault(slots[q[heads[i]]], []).append(i)
+        if not waiting:
+            break
+        ready = [slot for slot, held in waiting.items() if len(held) == dom.holders[slot]]
+        if not ready:  # setup's check (scopes.check) keeps the chains' orders compatible
+            raise RuntimeError("numbaopt: tree-scope reductions in incompatible orders across groups")
+        held = waiting[min(ready)]
+        _tree_phase(s, [(dom[i], queues[i][heads[i]]) for i in held])
+        for i in held:
+            heads[i] += 1
     for run in dom:
         run.checked = True
 
 
 def _domains(runs, every: bool = False) -> list:
-    """Runs sharing a rule with a tree-scope reduction, when there are several of them; ``every``: the runs
-    of every rule with a reduction, one run or more (a core's ``reducer`` combines them itself)."""
-    doms = []
-    for run in runs:
-        lay = run.grp.layout
-        if not (lay.reducers if every else lay.tree_reducers()):
-            continue
-        for d in doms:
-            if d[0].grp.rule == run.grp.rule:
-                d.append(run)
-                break
-        else:
-            doms.append([run])
-    return doms if every else [d for d in doms if len(d) > 1]
+    """Runs that reduce together (see :func:`numbaopt.tree.scopes.domains`)."""
+    return domains(runs, every)
 
 
 def _commit(s, run):

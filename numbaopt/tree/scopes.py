@@ -1,0 +1,184 @@
+"""Which leaves a tree-scope reduction spans: the scope rule of parameter groups.
+
+A tree-scope reduction (``ClipGlobalNorm``, ``NormalizeByUpdateNorm``, ``NonFiniteGuard``, the estimates of
+``DAdaptAdamW`` and ``Prodigy``, a rule of yours with ``scope = "tree"``) spans every leaf whose chain holds
+*the same reduction at the same place*, whatever else differs between the leaves' chains:
+
+* **the same reduction**: the same class and options, the same ``span`` name, and the same values of the
+  hyperparameters its shared part reads: its ``finish`` and the first values of its scalar state
+  (``ClipGlobalNorm``'s ``max_norm``; ``Prodigy``'s ``beta2``, ``beta3``, ``d_coef`` and ``d0``). Its other
+  hyperparameters may differ per leaf: each leaf's contribution is computed with its own (``Prodigy``'s
+  ``lr`` and ``weight_decay`` per parameter group, one estimate, as torch's param groups have it);
+* **at the same place**: after stateful members (moments, ``AccumGrad``) of the same kinds. Stateless members
+  before it (weight decay, scaling, a mask, a guard) and every member after it may differ.
+
+Leaves holding reductions of one class and span name that are not all the same reductions at the same places
+are refused at setup (a ``ValueError`` naming two leaves and their members): a global norm is never silently
+one norm per group. ``span="name"`` separates scopes on purpose (``ClipGlobalNorm(1.0, span="enc")``).
+
+:func:`check` is setup's check; :func:`domains` links the runs of a step that reduce together.
+"""
+from __future__ import annotations
+
+from ..rules.base import SCALAR, step_args
+
+__all__ = ["ScopeKey", "scope_keys", "Planned", "check", "domains", "Domain"]
+
+
+def _stateful(rule) -> bool:
+    """Whether a member changes what reaches later members through state of its own (moments, an AccumGrad's
+    sum, an axis member's unit states): such members before a reduction define its place."""
+    return bool(rule.active_states()) or type(rule).stage == "accumulate" or bool(type(rule).axes)
+
+
+def _kind(rule) -> tuple:
+    return type(rule), tuple(sorted(rule.option_values().items()))
+
+
+class ScopeKey:
+    """What makes two tree-scope reduction members one reduction (see the module docstring)."""
+
+    __slots__ = ("rule", "span", "kind", "shared", "place", "_hash")
+
+    def __init__(self, rule, before):
+        cls = type(rule)
+        self.rule, self.span, self.kind = rule, rule.span, _kind(rule)
+        names = [n for n in step_args(cls.finish) if n in cls._hypers]
+        names += [d.init for d in cls._states.values() if d.axis == SCALAR and isinstance(d.init, str)]
+        self.shared = tuple((n, rule._values[n]) for n in dict.fromkeys(names))
+        self.place = tuple(_kind(m) for m in before if _stateful(m))
+        self._hash = hash((self.span, self.kind, self.place))
+
+    def __eq__(self, other):
+        return (isinstance(other, ScopeKey) and self._hash == other._hash and self.span == other.span
+                and self.kind == other.kind and self.place == other.place and self.shared == other.shared)
+
+    def __hash__(self):
+        return self._hash
+
+    @property
+    def family(self) -> tuple:
+        """Reductions of one family must agree across leaves: the same class and span name."""
+        return self.span, self.kind[0]
+
+    def describe(self) -> str:
+        """The member with what decides its scope, for messages."""
+        place = ", ".join(c.__name__ for c, _ in self.place)
+        return f"{self.rule!r} (after {place})" if place else repr(self.rule)
+
+    def difference(self, other: ScopeKey) -> str:
+        """Why two keys of one family are not one reduction, in words."""
+        if self.kind != other.kind:
+            return "different options"
+        if self.place != other.place:
+            return "different places in their chains (after different stateful members)"
+        diff = [f"{n} {v!r} vs {w!r}" for (n, v), (_, w) in zip(self.shared, other.shared) if v != w]
+        return "different settings (" + ", ".join(diff) + ")"
+
+
+def scope_keys(layout) -> list:
+    """``[(r, ScopeKey)]`` for every tree-scope reduction member ``r`` of a chain layout (kept on the layout)."""
+    got = layout.__dict__.get("_scope_keys")
+    if got is None:
+        got = layout._scope_keys = [(r, ScopeKey(layout.rules[r], layout.rules[:r])) for r in layout.tree_reducers()]
+    return got
+
+
+class Planned:
+    """A group as the scope check sees it (setup, load, adjust): its ``rule`` and ``layout``, its ``first`` leaf (a
+    unit of the structure), whether it is a ``device`` group."""
+
+    __slots__ = ("layout", "rule", "first", "device")
+    grp = property(lambda self: self)  # domains() takes runs, whose group this stands for
+
+    def __init__(self, rule, layout, first: int, device: bool):
+        self.rule, self.layout, self.first, self.device = rule, layout, first, device
+
+
+def check(planned, where) -> None:
+    """Setup's check of the scope rule over ``planned`` groups (:class:`Planned`); ``where(unit)`` names a leaf.
+    Within a family (class and span name), every group holding any of it holds the same keys in the same order;
+    otherwise a ``ValueError`` naming two leaves and their members. A scope over a device group and any other
+    group is a ``NotImplementedError`` (the GPU backend reduces over one device group)."""
+    seen: dict = {}  # family -> (group, its keys of that family)
+    for g in planned:
+        mine: dict = {}
+        for _, key in scope_keys(g.layout):
+            mine.setdefault(key.family, []).append(key)
+        for fam, keys in mine.items():
+            other = seen.setdefault(fam, (g, keys))
+            if other[0] is not g and other[1] != keys:
+                _conflict(fam, (g, keys), other, lambda p: where(p.first))
+    for dom in domains(planned):
+        if any(p.device for p in dom):
+            raise NotImplementedError(
+                f"{where(dom[0].first)}: a tree-scope reduction (e.g. a global-norm clip) over leaves on the GPU and "
+                f"others ({', '.join(where(p.first) for p in dom[1:])}: another dtype, another rule, or the host); "
+                "the GPU backend reduces over one device group: keep those leaves on one device, of one dtype, "
+                "under one rule")
+
+
+def _conflict(fam, a, b, where) -> None:
+    (ga, ka), (gb, kb) = a, b
+    span, cls = fam
+    if len(ka) != len(kb):
+        why = f"{len(kb)} vs {len(ka)} {cls.__name__} members"
+    else:
+        why = next(x.difference(y) for x, y in zip(kb, ka) if x != y)
+    name = f"the span {span!r}" if span is not None else "the whole tree"
+    raise ValueError(
+        f"setup: {where(gb)} and {where(ga)} hold {cls.__name__} reductions over {name} that cannot be one: "
+        f"{why}. {where(gb)}: {', '.join(k.describe() for k in kb)}; {where(ga)}: "
+        f"{', '.join(k.describe() for k in ka)}. A tree-scope reduction spans every leaf holding the same one at "
+        f"the same place (docs/trees.md, \"Parameter groups\"): give every leaf the same {cls.__name__}, or give "
+        f"each set of leaves its own scope on purpose with {cls.__name__}(..., span=\"<name>\")")
+
+
+class Domain(list):
+    """Runs of one step that reduce together (a list of runs, in step order) and, per run, the slot of each of
+    its tree-scope reductions (``slot_of[i]``: {member index: slot}); ``holders[slot]``: how many runs hold it."""
+
+    __slots__ = ("slot_of", "holders")
+
+
+def domains(runs, every: bool = False) -> list:
+    """The runs linked by a tree-scope reduction (several runs only); ``every``: every run with a reduction,
+    runs of equal rules linked too (a core's ``reducer`` combines each domain's leaf-scope reductions across
+    processes as well)."""
+    parent = list(range(len(runs)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    slots: dict = {}  # ScopeKey -> slot id
+    owner: dict = {}  # slot id -> the first run holding it
+    slot_of, by_rule = [], {}
+    for i, run in enumerate(runs):
+        lay = run.grp.layout
+        mine = {}
+        for r, key in scope_keys(lay):
+            s = mine[r] = slots.setdefault(key, len(slots))
+            parent[find(i)] = find(owner.setdefault(s, i))
+        slot_of.append(mine)
+        if every and lay.reducers:
+            j = by_rule.setdefault(run.grp.rule, i)
+            parent[find(i)] = find(j)
+    comps: dict = {}
+    for i, run in enumerate(runs):
+        if (run.grp.layout.reducers if every else slot_of[i]):
+            comps.setdefault(find(i), []).append(i)
+    out = []
+    for members in comps.values():
+        if not every and len(members) < 2:
+            continue
+        d = Domain(runs[i] for i in members)
+        d.slot_of = [slot_of[i] for i in members]
+        d.holders = {}
+        for m in d.slot_of:
+            for s in m.values():
+                d.holders[s] = d.holders.get(s, 0) + 1
+        out.append(d)
+    return out
