@@ -169,9 +169,9 @@ def test_what_may_differ_and_explicit_spans():
     # Prodigy's lr and weight decay per group, one estimate (torch's param groups): its finish reads neither
     ds = []
     for span in (None, "own"):
-        prod = no.setup(lambda p, x: no.Prodigy(lr=1.0 if x.ndim == 2 else 0.5, d0=1e-3,
-                                                weight_decay=0.1 if x.ndim == 2 else 0.0,
-                                                span=None if span is None else f"{span}{x.ndim}"), m)
+        prod = no.setup(lambda p, x, span=span: no.Prodigy(lr=1.0 if x.ndim == 2 else 0.5, d0=1e-3,
+                                                           weight_decay=0.1 if x.ndim == 2 else 0.0,
+                                                           span=None if span is None else f"{span}{x.ndim}"), m)
         x = {"W": np.ones((1, 2)), "b": np.ones(1)}
         for _ in range(30):
             prod, x = no.update_(prod, x, {k: 2 * v for k, v in x.items()})
