@@ -246,10 +246,12 @@ def _rule_for(header, rules, sharded):
     untrained (a rule chooser's), a chooser by path (the checkpoint's rule per array, None elsewhere)."""
     per_unit = [rules[u["rule"]] for u in header["units"]]
     several = len({u["rule"] for u in header["units"]}) > 1
-    if sharded and several:
-        raise ValueError("the checkpoint holds a rule per leaf (set up with a rule chooser); a sharded state "
-                         "takes one rule: load it with shard=False")
-    if per_unit and (sharded or not (several or header["untrained"])):
+    kernels = {tuple((type(r), tuple(sorted(r.option_values().items()))) for r in rule.rules) for rule in per_unit}
+    if sharded and len(kernels) > 1:
+        raise ValueError("the checkpoint holds rules of different kernels per leaf (set up with a rule chooser); a "
+                         "sharded state steps one chain's kernels (its rules may differ in hyperparameters only): "
+                         "load it with shard=False")
+    if per_unit and not (several or header["untrained"]):
         return per_unit[0]
     by_path = {p: r for u, r in zip(header["units"], per_unit) for p in u["positions"]}
     return lambda path, x: by_path.get(str(path))

@@ -133,21 +133,53 @@ def _setup_replicated(sh, rule, view, what):
     return inner
 
 
+def _sharded_rules(rule, view, what):
+    """``(one rule or None, the rule of each trained leaf by path)``: a rule chooser's choices must run the same
+    kernels on every leaf (they may differ in hyperparameters: parameter groups), so that every rank steps its
+    pieces of any leaf with the kernels of one chain and combines one table of partials per reduction."""
+    if isinstance(rule, (Rule, Chain)) or not callable(rule) or isinstance(rule, type):
+        return as_rule(rule), {}
+    by_path = {}
+
+    def choose(path, x):
+        r = by_path[str(path)] = rule(path, x)
+        return None if r is None else Descent()
+
+    setup_tree(choose, view, what)  # the chooser's checks (and messages) as setup has them
+    chosen = [r for r in by_path.values() if r is not None]
+    first = as_rule(chosen[0])
+    for path, r in by_path.items():
+        if r is not None and (_kernel_key(r) != _kernel_key(first) or _spans(r) != _spans(first)):
+            raise TypeError(f"numbaopt.mpi.setup(shard=True): the rule chooser gave model{path} {r!r} and another "
+                            f"leaf {first!r}; a sharded state steps every leaf with one chain's kernels, so the "
+                            "chosen rules may differ in hyperparameters only (not in members, options or span "
+                            "names); use shard=False for other choices")
+    return None, by_path
+
+
+def _kernel_key(rule) -> list:
+    return [(type(r), sorted(r.option_values().items())) for r in as_rule(rule).rules]
+
+
+def _spans(rule) -> list:
+    return [r.span for r in as_rule(rule).rules]
+
+
 def _setup_sharded(sh, rule, view, what):
-    if not isinstance(rule, (Rule, Chain)) and callable(rule) and not isinstance(rule, type):
-        raise TypeError("numbaopt.mpi.setup(shard=True) takes one rule for the whole model; a rule chooser "
-                        "(a function of the path) needs shard=False")
-    rule = as_rule(rule)
-    lay = ChainLayout(rule)
+    one, by_path = _sharded_rules(rule, view, what)
+    lay = ChainLayout(one if one is not None else as_rule(next(r for r in by_path.values() if r is not None)))
     lay.refuse_axes("numbaopt.mpi.setup(shard=True)")
     if lay.master is not None:
         raise NotImplementedError("numbaopt.mpi.setup(shard=True) with MixedPrecision: not supported yet (the "
                                   "master copies would be sharded too); use shard=False")
-    sh.rule_text = repr(rule)
+    sh.rule_text = repr(one) if one is not None else "; ".join(f"model{p}: {r!r}" for p, r in by_path.items()
+                                                              if r is not None)
     # the structure of the whole model, for the checks of every step: a stateless rule (no state arrays)
-    sh.check = c = core(setup_tree(Descent(), view, what), "setup")
+    trained = (lambda path, x: None if by_path[str(path)] is None else Descent()) if one is None else Descent()
+    sh.check = c = core(setup_tree(trained, view, what), "setup")
     s = c.structure
     units = _host_units(s, "shard=True")
+    rule_of = [one if one is not None else by_path[str(s.paths[s.u_positions[u][0]])] for u in range(s.n_unique)]
     for u in units:
         check_param_dtype(s.u_dtype[u], s.where(u), lay)
     sh.flat = flat = FlatLayout(units, [int(np.prod(s.u_shape[u], dtype=np.int64)) for u in units],
@@ -165,14 +197,27 @@ def _setup_sharded(sh, rule, view, what):
                 for p, region in zip(pieces, arrays)]
     sh.rs_counts = {d: flat.counts[d].tolist() for d in flat.buffer_dtypes}
     sh.ag_specs = {d: [sh.xbuf[d], (flat.counts[d].tolist(), flat.displs[d].tolist())] for d in flat.buffer_dtypes}
-    inner = setup_tree(rule, arrays, "shard")
-    rows, i = {}, 0
-    for grp in c.groups:  # the single-process group order: the order its reductions combine leaves in
-        for u in grp.members:
-            rows[u], i = i, i + 1
-    core(inner).reducer = CrossRankReducer(sh.comm, rows, [p.u for p in pieces], c.groups[0].dtype,
+    inner = setup_tree(one if one is not None else (lambda path, x: rule_of[pieces[path[0].key].u]), arrays, "shard")
+    rows, dtype0 = _single_process_rows(s, units, rule_of)
+    core(inner).reducer = CrossRankReducer(sh.comm, rows, [p.u for p in pieces], dtype0,
                                            lambda u: s.where(u, "grads"))
     return inner
+
+
+def _single_process_rows(s, units, rule_of) -> tuple:
+    """The table row of every trained unit in the order one process's groups hold them (by rule, then compute
+    dtype, each in order of first appearance: the order its reductions combine leaves in), and the compute dtype
+    of its first group."""
+    distinct, groups = [], {}
+    for u in units:
+        r = rule_of[u]
+        ri = next((i for i, d in enumerate(distinct) if d == r), None)
+        if ri is None:
+            ri = len(distinct)
+            distinct.append(r)
+        groups.setdefault((ri, s.u_compute[u]), []).append(u)
+    rows = {u: i for i, u in enumerate(u for members in groups.values() for u in members)}
+    return rows, next(iter(groups))[1]
 
 
 class DistributedState:

@@ -143,8 +143,8 @@ class Domain(list):
 
 def domains(runs, every: bool = False) -> list:
     """The runs linked by a tree-scope reduction (several runs only); ``every``: every run with a reduction,
-    runs of equal rules linked too (a core's ``reducer`` combines each domain's leaf-scope reductions across
-    processes as well)."""
+    runs of the same kernels linked too (a core's ``reducer`` combines each domain's leaf-scope reductions across
+    processes as well, one table per reduction over every leaf of those kernels)."""
     parent = list(range(len(runs)))
 
     def find(i):
@@ -163,8 +163,8 @@ def domains(runs, every: bool = False) -> list:
             s = mine[r] = slots.setdefault(key, len(slots))
             parent[find(i)] = find(owner.setdefault(s, i))
         slot_of.append(mine)
-        if every and lay.reducers:
-            j = by_rule.setdefault(run.grp.rule, i)
+        if every and lay.reducers:  # the same kernels: one domain (the reducer runs one table per reduction)
+            j = by_rule.setdefault(tuple(_kind(r) for r in lay.rules), i)
             parent[find(i)] = find(j)
     comps: dict = {}
     for i, run in enumerate(runs):

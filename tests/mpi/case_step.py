@@ -196,6 +196,49 @@ def _(comm):
             or comm.rank == comm.size - 1, "no array was cut: the case tests nothing"
 
 
+def groups(path, x):
+    """Parameter groups under one global clip (torch's param groups; tests/test_param_groups.py): weight decay
+    and a larger lr for the matrix, a scheduled lr for the float32 leaf, the defaults elsewhere."""
+    keys = ".".join(str(k) for k in path.keys)  # enc.w, enc.b, head, z
+    lr = {"enc.w": 0.05, "head": no.schedules.exponential(0.04, 0.9)}.get(keys, 0.02)
+    return no.chain(no.ClipGlobalNorm(0.5), no.AdamW(lr, weight_decay=0.1 if keys == "enc.w" else 0.0))
+
+
+@case("param_groups_one_norm_across_groups_and_ranks")
+def _(comm):
+    """A global clip over groups of different hyperparameters: one norm over every leaf of every rank, replicated
+    or sharded (bitwise one process when no array is cut, 1e-12 when one is); an adjust mid-run (of a subtree when
+    replicated; a sharded state's leaves are pieces: of the whole state)."""
+    model = real_model()
+    for shard, balance in ((False, "elements"), (True, "leaves"), (True, "elements")):
+        m, ref = copy(model), copy(model)
+        st = nm.setup(groups, m, comm, shard=shard, balance=balance)
+        rs = no.setup(groups, ref)
+        for k in range(5):
+            if k == 3:
+                if shard:
+                    no.adjust_(st, lr=0.01)
+                    no.adjust_(rs, lr=0.01)
+                else:
+                    no.adjust_(st.local["enc"], lr=0.01)
+                    no.adjust_(rs["enc"], lr=0.01)
+            st, m = no.update_(st, m, grads(k, comm.rank, m))
+            rs, ref = no.update_(rs, ref, mean_grads(k, comm.size, m))
+        same_on_all_ranks(comm, leaves(m))
+        d64 = max(float(np.max(np.abs(m[k1][k2] - ref[k1][k2]))) for k1, k2 in (("enc", "w"), ("enc", "b")))
+        d32 = float(np.max(np.abs(m["head"] - ref["head"])))
+        if balance == "leaves" or not shard:
+            assert max_diff(m, ref) == 0.0, (shard, balance, max_diff(m, ref))
+        assert d64 <= 1e-12 and d32 <= 1e-6, (shard, balance, d64, d32)
+    try:
+        nm.setup(lambda p, x: no.chain(no.ClipGlobalNorm(0.5), no.Adam() if x.ndim == 2 else no.Momentum()),
+                 copy(model), comm, shard=True)
+    except TypeError as e:
+        assert "hyperparameters only" in str(e), e
+    else:
+        raise AssertionError("shard=True accepted chains of different kernels")
+
+
 @case("sharded_state_memory_divides_by_ranks")
 def _(comm):
     rng = np.random.default_rng(0)
