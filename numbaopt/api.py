@@ -22,11 +22,12 @@ from .rules.base import Rule
 from .rules.chain import Chain
 from .schedules import Schedule
 from .tree.adjust import adjust_tree, adjust_tree_
+from .tree.groups import TreeLeaf
 from .tree.manage import update_tree, update_tree_
 from .tree.params import ARRAY_SUBCLASSES, is_array_subclass, wrap_like
 from .tree.paths import Path
 from .tree.setup import setup_tree
-from .tree.state import StateTree
+from .tree.state import StateNode, StateTree
 from .tree.torch_models import bump_written, setup_model, torch_form
 
 if TYPE_CHECKING:
@@ -224,15 +225,17 @@ def _step_subclass(state: Leaf, model: Any, grad: Any, inplace: bool) -> tuple[L
 
 
 @overload
-def adjust(state: L, **hyper: HyperValue) -> L: ...
+def adjust(state: TreeLeaf | StateNode, **hyper: HyperValue) -> StateTree: ...
 @overload
-def adjust(state: StateTree, **hyper: HyperValue) -> StateTree: ...
+def adjust(state: L, **hyper: HyperValue) -> L: ...
 @overload
 def adjust(state: DeviceGroup, **hyper: HyperValue) -> DeviceGroup: ...
 def adjust(state: Any, **hyper: Any) -> Any:
     """A new state with some hyperparameters changed; moments and step counts are kept.
 
-    Unknown names are a ``ValueError`` listing the valid ones. Never recompiles a kernel.
+    ``state`` may be a part of a state tree (``state["enc"]``, a leaf of it): the result is then the whole new
+    tree with that part adjusted (docs/trees.md, "Parameter groups"). Unknown names are a ``ValueError`` listing
+    the valid ones. Never recompiles a kernel.
     """
     t = type(state)
     if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
@@ -253,9 +256,15 @@ def adjust_(state: L, **hyper: HyperValue) -> L: ...
 @overload
 def adjust_(state: StateTree, **hyper: HyperValue) -> StateTree: ...
 @overload
+def adjust_(state: StateNode, **hyper: HyperValue) -> StateNode: ...
+@overload
 def adjust_(state: DeviceGroup, **hyper: HyperValue) -> DeviceGroup: ...
 def adjust_(state: Any, **hyper: Any) -> Any:
-    """Change hyperparameters in place; returns the state (everything is checked before anything changes)."""
+    """Change hyperparameters in place; returns ``state`` (everything is checked before anything changes).
+
+    ``state`` may be a part of a state tree (``state["enc"]``, Optimisers.jl's ``adjust!(tree.layers[3], 0.04)``,
+    torch's ``param_groups[i]["lr"] = ...``) or one of its leaves: only its leaves' hyperparameters change
+    (docs/trees.md, "Parameter groups")."""
     t = type(state)
     if t is Leaf or t is DeviceLeaf or t is DeviceGroup:
         enter(state, "adjust_")

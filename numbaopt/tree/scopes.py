@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..rules.base import SCALAR, step_args
 
-__all__ = ["ScopeKey", "scope_keys", "Planned", "check", "domains", "Domain"]
+__all__ = ["ScopeKey", "scope_keys", "Planned", "check", "domains", "Domain", "in_order"]
 
 
 def _stateful(rule) -> bool:
@@ -98,8 +98,8 @@ class Planned:
 def check(planned, where) -> None:
     """Setup's check of the scope rule over ``planned`` groups (:class:`Planned`); ``where(unit)`` names a leaf.
     Within a family (class and span name), every group holding any of it holds the same keys in the same order;
-    otherwise a ``ValueError`` naming two leaves and their members. A scope over a device group and any other
-    group is a ``NotImplementedError`` (the GPU backend reduces over one device group)."""
+    otherwise a ``ValueError`` naming two leaves and their members. A scope over device groups and host groups,
+    or a tree-wide estimate (scalar state) over several device groups, is a ``NotImplementedError``."""
     seen: dict = {}  # family -> (group, its keys of that family)
     for g in planned:
         mine: dict = {}
@@ -110,12 +110,17 @@ def check(planned, where) -> None:
             if other[0] is not g and other[1] != keys:
                 _conflict(fam, (g, keys), other, lambda p: where(p.first))
     for dom in domains(planned):
-        if any(p.device for p in dom):
+        devices = [p for p in dom if p.device]
+        if devices and len(devices) < len(dom):
             raise NotImplementedError(
                 f"{where(dom[0].first)}: a tree-scope reduction (e.g. a global-norm clip) over leaves on the GPU and "
-                f"others ({', '.join(where(p.first) for p in dom[1:])}: another dtype, another rule, or the host); "
-                "the GPU backend reduces over one device group: keep those leaves on one device, of one dtype, "
-                "under one rule")
+                f"elsewhere ({', '.join(where(p.first) for p in dom[1:])}); the GPU backend combines the totals of "
+                "device groups only: keep those leaves on the device, or give the two sides span names of their own")
+        if len(devices) > 1 and any(p.layout.n_scalar(r) for p in devices for r, _ in scope_keys(p.layout)):
+            raise NotImplementedError(
+                f"{where(dom[0].first)}: a tree-scope reduction with scalar state (a tree-wide estimate) over device "
+                f"leaves of several groups ({', '.join(where(p.first) for p in dom[1:])}: another dtype or other "
+                "hyperparameters); on the GPU it spans one group: give those leaves one rule and one dtype")
 
 
 def _conflict(fam, a, b, where) -> None:
@@ -182,3 +187,28 @@ def domains(runs, every: bool = False) -> list:
                 d.holders[s] = d.holders.get(s, 0) + 1
         out.append(d)
     return out
+
+
+def in_order(dom, queues, alone, together) -> None:
+    """Run the reductions of a domain in chain order: ``queues[i]`` lists member ``i``'s reduction passes (member
+    indices of its chain, in order); ``alone(i, r)`` runs a pass of one member (a leaf-scope reduction, an axis
+    member), ``together([(i, r), ...])`` a tree-scope reduction once every member holding it has reached it."""
+    heads = [0] * len(dom)
+    while True:
+        waiting: dict = {}
+        for i, q in enumerate(queues):
+            slots = dom.slot_of[i]
+            while heads[i] < len(q) and q[heads[i]] not in slots:
+                alone(i, q[heads[i]])
+                heads[i] += 1
+            if heads[i] < len(q):
+                waiting.setdefault(slots[q[heads[i]]], []).append(i)
+        if not waiting:
+            return
+        ready = [slot for slot, held in waiting.items() if len(held) == dom.holders[slot]]
+        if not ready:  # check() keeps the chains' orders compatible
+            raise RuntimeError("numbaopt: tree-scope reductions in incompatible orders across groups")
+        held = waiting[min(ready)]
+        together([(i, queues[i][heads[i]]) for i in held])
+        for i in held:
+            heads[i] += 1

@@ -28,7 +28,7 @@ from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .collect import collect
 from .params import ND_READONLY, ND_WRITEABLE
-from .scopes import domains
+from .scopes import domains, in_order
 from .state import TreeCore
 from .structure import rebuild
 
@@ -346,26 +346,8 @@ def _raise_refusal(s, members) -> None:
 def _phased(s, dom) -> None:
     """The reductions of a domain (:func:`numbaopt.tree.scopes.domains`), in chain order: each run's leaf-scope
     reductions on their own, each tree-scope one once every run holding it has reached it."""
-    queues = [run.grp.layout.reducers for run in dom]
-    heads = [0] * len(dom)
-    while True:
-        waiting = {}
-        for i, run in enumerate(dom):
-            q, slots = queues[i], dom.slot_of[i]
-            while heads[i] < len(q) and q[heads[i]] not in slots:
-                _leaf_phase(s, run, q[heads[i]])
-                heads[i] += 1
-            if heads[i] < len(q):
-                waiting.setdefault(slots[q[heads[i]]], []).append(i)
-        if not waiting:
-            break
-        ready = [slot for slot, held in waiting.items() if len(held) == dom.holders[slot]]
-        if not ready:  # setup's check (scopes.check) keeps the chains' orders compatible
-            raise RuntimeError("numbaopt: tree-scope reductions in incompatible orders across groups")
-        held = waiting[min(ready)]
-        _tree_phase(s, [(dom[i], queues[i][heads[i]]) for i in held])
-        for i in held:
-            heads[i] += 1
+    in_order(dom, [run.grp.layout.reducers for run in dom], lambda i, r: _leaf_phase(s, dom[i], r),
+             lambda held: _tree_phase(s, [(dom[i], r) for i, r in held]))
     for run in dom:
         run.checked = True
 
@@ -424,7 +406,11 @@ def execute(s, order: Order, devices=()) -> None:
     reduce_domain = order.reducer or _phased
     for dom in order.domains:
         reduce_domain(s, dom)
-    preps = [(dg, dg.prepare(xs, gs, js)) for dg, xs, gs, js in devices]
+    linked = domains([_DeviceRun(dg) for dg, *_ in devices]) if len(devices) > 1 else []
+    together = {id(d.grp) for dom in linked for d in dom}
+    preps = [(dg, dg.prepare(xs, gs, js, id(dg) not in together)) for dg, xs, gs, js in devices]
+    for dom in linked:
+        _device_phased(dom, dict((id(dg), p) for dg, p in preps))
     undo = [(dg, p) for dg, p in preps if p.undo_needed]
     first = order.first
     if first is not None and undo:  # a device step that can refuse late goes first: check this one too
@@ -453,6 +439,42 @@ def execute(s, order: Order, devices=()) -> None:
         if not p.undo_needed:
             dg.commit(p)
     _keep_hp(order.runs)
+
+
+class _DeviceRun:
+    """A device group as :func:`numbaopt.tree.scopes.domains` takes runs."""
+
+    __slots__ = ("grp",)
+
+    def __init__(self, grp):
+        self.grp = grp
+
+
+def _device_phased(dom, prepared) -> None:
+    """The reductions of device groups that a tree-scope reduction spans, pass by pass in chain order: for a
+    tree-scope one, every group's dry pass, the totals combined on the host (in group order), every group's finish
+    from them; then each group's status (a refusal raises before anything is written)."""
+    def alone(i, r):
+        dg = dom[i].grp
+        dg.reduce_pass(prepared[id(dg)], r)
+        dg.finish_pass(prepared[id(dg)], r)
+
+    def together(held):
+        for i, r in held:
+            dom[i].grp.reduce_pass(prepared[id(dom[i].grp)], r)
+        ops = reduce_ops(dom[held[0][0]].grp.layout.rules[held[0][1]])
+        tot = None
+        for i, r in held:
+            mine = dom[i].grp.totals(r)
+            tot = mine if tot is None else np.array([a + b if op == "sum" else max(a, b)
+                                                     for a, b, op in zip(tot, mine, ops)])
+        for i, r in held:
+            dom[i].grp.set_totals(r, tot)
+            dom[i].grp.finish_pass(prepared[id(dom[i].grp)], r)
+
+    in_order(dom, [run.grp.mod.plan.phases for run in dom], alone, together)
+    for run in dom:
+        run.grp.reduced(prepared[id(run.grp)])
 
 
 def _keep_hp(runs):

@@ -15,7 +15,8 @@ from ..state import check_param_dtype
 __all__ = ["INSTALL_HINT", "runtime", "unpickling_runtime", "cuda_available", "is_device_array", "kind", "info",
            "facts", "flat",
            "torch_ptr", "table_stale", "host_side_error", "host_grad_error", "empty_like", "device_state",
-           "device_copies", "blocks", "Scratch", "decode", "run_reductions", "check_tree_grad", "check_device_param",
+           "device_copies", "blocks", "Scratch", "decode", "run_reductions", "reduce_phase", "finish_phase",
+           "check_tree_grad", "check_device_param",
            "check_device_grad"]
 
 INSTALL_HINT = ("device arrays need the optional CUDA backend: pip install numbaopt[cuda] "
@@ -272,25 +273,38 @@ def run_reductions(mod, layout, sc, args, rows_of, launch, arrays, first=0):
     """Reduce, then finish, for every reducer and axis member in chain order. ``arrays`` are the state arrays
     (their unit arrays: the scalar states, one value per leaf, and the axis members' unit states; the geometry
     table), ``first`` the first stepped leaf (whose copy a tree-scope finish reads)."""
-    rt = runtime()
-    units = layout.unit_arrays(arrays)
     for r in mod.plan.phases:
-        if r in layout.axis_rules:
-            launch(getattr(mod, f"axred_k{r}" if rows_of is None else f"maxred_k{r}"))(*args, sc.fin, sc.st,
-                                                                                       *sc.tables)
-            for s, (q, a) in enumerate(layout.axis_slots):
-                if q == r:
-                    n = int(sc.ntot[s])
-                    mine = [units[u] for u in layout.unit_slots[r].get(a, [])]
-                    getattr(mod, f"axfin_k{r}_{a}")[max(1, -(-n // rt.TPB)), rt.TPB](
-                        sc.hp_dev, args[-1], arrays[-1], *mine, sc.leafof[s], sc.xoff, n, *sc.slot_tables[s])
-            continue
-        launch(getattr(mod, f"reduce_k{r}" if rows_of is None else f"mreduce_k{r}"))(
-            *args, sc.fin, sc.st, sc.acc, *sc.tables)
-        rows = 1 if (rows_of is None or mod.plan.tree[r]) else rows_of
-        mine = [units[u] for u in layout.scalar_units(r)]
-        getattr(mod, f"finish_k{r}")[max(1, -(-rows // rt.TPB)), rt.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows,
-                                                                          first, *mine)
+        reduce_phase(mod, layout, sc, args, rows_of, launch, arrays, r)
+        finish_phase(mod, layout, sc, args, rows_of, arrays, first, r)
+
+
+def reduce_phase(mod, layout, sc, args, rows_of, launch, arrays, r):
+    """The dry pass of member ``r`` (an axis member's: with its finish over the units): its totals in ``sc.acc``."""
+    rt = runtime()
+    if r in layout.axis_rules:
+        launch(getattr(mod, f"axred_k{r}" if rows_of is None else f"maxred_k{r}"))(*args, sc.fin, sc.st, *sc.tables)
+        units = layout.unit_arrays(arrays)
+        for s, (q, a) in enumerate(layout.axis_slots):
+            if q == r:
+                n = int(sc.ntot[s])
+                mine = [units[u] for u in layout.unit_slots[r].get(a, [])]
+                getattr(mod, f"axfin_k{r}_{a}")[max(1, -(-n // rt.TPB)), rt.TPB](
+                    sc.hp_dev, args[-1], arrays[-1], *mine, sc.leafof[s], sc.xoff, n, *sc.slot_tables[s])
+        return
+    launch(getattr(mod, f"reduce_k{r}" if rows_of is None else f"mreduce_k{r}"))(*args, sc.fin, sc.st, sc.acc,
+                                                                                    *sc.tables)
+
+
+def finish_phase(mod, layout, sc, args, rows_of, arrays, first, r):
+    """The finish of reducer ``r`` over its totals in ``sc.acc`` (nothing for an axis member: its finish ran with
+    its dry pass)."""
+    if r in layout.axis_rules:
+        return
+    rt = runtime()
+    rows = 1 if (rows_of is None or mod.plan.tree[r]) else rows_of
+    mine = [layout.unit_arrays(arrays)[u] for u in layout.scalar_units(r)]
+    getattr(mod, f"finish_k{r}")[max(1, -(-rows // rt.TPB)), rt.TPB](sc.acc, sc.hp_dev, sc.fin, sc.st, rows,
+                                                                      first, *mine)
 
 
 # -- device leaves in trees (called by numbaopt.params / numbaopt.engine) ------------------------------

@@ -13,8 +13,8 @@ import numpy as np
 from ...compiler import ChainLayout
 from ..alias import aliased_leaves
 from ..state import Leaf, as_reader, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
-from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, flat, info,
-                     is_device_array, kind, run_reductions, runtime, table_stale,
+from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, finish_phase, flat,
+                     info, is_device_array, kind, reduce_phase, run_reductions, runtime, table_stale,
                      unpickling_runtime)
 from .leaf import check_device_rule, leaf_from_host
 
@@ -175,11 +175,13 @@ class DeviceGroup:
             table[:] = addr
             dev.copy_to_device(table)
 
-    def prepare(self, params, grads, active=None):
+    def prepare(self, params, grads, active=None, reduce=True):
         """Check and run everything of a step on the leaves ``active`` (all when None) that can refuse it,
         writing nothing but scratch buffers; returns what :meth:`commit` launches. Raises the rule's error
         (or a bad array's) before anything is written. Leaves at several step counts need one launch each:
-        their reductions then run in :meth:`commit` (``prepared.undo_needed`` tells the caller to keep a copy)."""
+        their reductions then run in :meth:`commit` (``prepared.undo_needed`` tells the caller to keep a copy).
+        ``reduce=False``: the caller runs the reductions pass by pass (:meth:`reduce_pass`, :meth:`finish_pass`,
+        then :meth:`reduced`), with other groups' (a tree-scope reduction over several device groups)."""
         params, grads = list(params), list(grads)
         n = len(self.shapes)
         every = active is None or len(active) == n
@@ -213,7 +215,7 @@ class DeviceGroup:
         prepared = _Prepared(launches)
         prepared.keep = keep
         if len(launches) == 1:
-            prepared.status = self._reduce(*launches[0])
+            prepared.status = self._reduce(*launches[0]) if reduce else 0
         else:
             prepared.undo_needed = bool(self.layout.reducers)
         return prepared
@@ -257,6 +259,39 @@ class DeviceGroup:
         status, row = decode(int(sc.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
         raise_status(self.rule, status, "" if row is None else f"leaf {row}")
         return status
+
+    # -- reductions pass by pass, with other device groups (a tree-scope reduction spanning several) --------
+    def reduce_pass(self, prepared, r) -> None:
+        """The dry pass of member ``r`` over the one launch of ``prepared`` (its totals in the scratch table)."""
+        sub, hp = prepared.launches[0]
+        self.scratch.sync_hp(hp)
+        nb = self._chunk_table(sub)[2]
+        rt = runtime()
+        reduce_phase(self.mod, self.layout, self.scratch, self._args(sub), len(self.shapes), lambda k: k[nb, rt.TPB],
+                     self.arenas, r)
+
+    def finish_pass(self, prepared, r) -> None:
+        """The finish of reducer ``r`` from the totals in the scratch table."""
+        sub, _ = prepared.launches[0]
+        finish_phase(self.mod, self.layout, self.scratch, self._args(sub), len(self.shapes), self.arenas,
+                     int(sub[0]), r)
+
+    def totals(self, r) -> np.ndarray:
+        """Tree-scope reducer ``r``'s totals over this group's leaves (a host copy)."""
+        plan = self.mod.plan
+        return self.scratch.acc[0:1, plan.abase[r]:plan.abase[r] + plan.nops[r]].copy_to_host()[0]
+
+    def set_totals(self, r, tot) -> None:
+        """Replace tree-scope reducer ``r``'s totals (with those of every group it spans)."""
+        plan = self.mod.plan
+        self.scratch.acc[0:1, plan.abase[r]:plan.abase[r] + plan.nops[r]].copy_to_device(
+            np.ascontiguousarray(tot, dtype=np.float64).reshape(1, -1))
+
+    def reduced(self, prepared) -> None:
+        """After the passes: the status of the step (a refusal raised, a skip kept for :meth:`commit`)."""
+        status, row = decode(int(self.scratch.st.copy_to_host()[0])) if self.mod.plan.status else (0, None)
+        raise_status(self.rule, status, "" if row is None else f"leaf {row}")
+        prepared.status = status
 
     def _args(self, sub):
         bleaf, bstart, _ = self._chunk_table(sub)
