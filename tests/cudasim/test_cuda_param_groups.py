@@ -73,3 +73,31 @@ def test_what_the_gpu_does_not_span_yet_is_refused_at_setup():
     with pytest.raises(NotImplementedError, match="scalar state"):
         no.setup(lambda p, x: no.Prodigy(lr=1.0 if p[0].key == "w" else 0.5), {"w": _dev(np.ones(3)),
                                                                               "b": _dev(np.ones(2))})
+
+
+def test_adjust_of_a_device_subtree_splits_its_group(tmp_path):
+    """A subtree adjust cuts a device group in two (state moved through the host): the same numbers as a host
+    tree adjusted alike, one clip still; the groups and their scope survive save and load."""
+    rule = no.chain(no.ClipGlobalNorm(1.0), no.Adam(0.05))
+    host = {"enc": {"w": np.ones((2, 3)), "b": np.zeros(3)}, "dec": np.full(4, 0.5)}
+    dev = {"enc": {"w": _dev(host["enc"]["w"].copy()), "b": _dev(host["enc"]["b"].copy())},
+           "dec": _dev(host["dec"].copy())}
+    hs, ds = no.setup(rule, host), no.setup(rule, dev)
+    assert len(no.tree.state.core(ds).device_groups) == 1
+    rng = np.random.default_rng(9)
+    for k in range(4):
+        if k == 1:
+            no.adjust_(hs["enc"], lr=0.01)
+            no.adjust_(ds["enc"], lr=0.01)
+            assert len(no.tree.state.core(ds).device_groups) == 2 and ds["enc"]["w"].rule.rules[1].lr == 0.01
+        if k == 2:
+            no.save(tmp_path / "d.npz", ds)
+            ds = no.load(tmp_path / "d.npz")
+        g = {"enc": {"w": rng.standard_normal((2, 3)), "b": rng.standard_normal(3)}, "dec": rng.standard_normal(4)}
+        hs, host = no.update_(hs, host, g)
+        ds, dev = no.update_(ds, dev, {"enc": {"w": _dev(g["enc"]["w"]), "b": _dev(g["enc"]["b"])},
+                                       "dec": _dev(g["dec"])})
+    np.testing.assert_allclose(dev["enc"]["w"].copy_to_host(), host["enc"]["w"], rtol=1e-12)
+    np.testing.assert_allclose(dev["enc"]["b"].copy_to_host(), host["enc"]["b"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(dev["dec"].copy_to_host(), host["dec"], rtol=1e-12)
+    assert ds["dec"].rule.rules[1].lr == 0.05
