@@ -282,3 +282,22 @@ def test_trainables_lists_what_setup_trains():
     assert got[0][1] is w
     state = no.setup(no.Adam(), m)
     assert [str(p) for p, _ in state.leaves()] == [str(p) for p, _ in got]
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_a_refusal_across_groups_names_its_leaf_and_writes_nothing(inplace):
+    m = {"W": np.ones((2, 2)), "b": np.ones(2), "c": np.ones(3)}
+    state = no.setup(lambda p, x: no.chain(no.ClipGlobalNorm(1.0), no.Adam(0.1 if x.ndim == 2 else 0.01)), m)
+    g = {"W": np.ones((2, 2)), "b": np.ones(2), "c": np.ones(3)}
+    state, m = no.update_(state, m, g)
+    state, m = no.update_(state, m, g)  # the fast path's plan
+    before = {k: v.copy() for k, v in m.items()}
+    moments = [leaf.state["m"].copy() for _, leaf in state.leaves()]
+    g["c"] = np.array([1.0, np.inf, 1.0])
+    with pytest.raises(ValueError, match=r"grads\['c'\]: ClipGlobalNorm"):
+        (no.update_ if inplace else no.update)(state, m, g)
+    for k in m:
+        np.testing.assert_array_equal(m[k], before[k])
+    for (_, leaf), mo in zip(state.leaves(), moments):
+        np.testing.assert_array_equal(leaf.state["m"], mo)
+        assert leaf.t == 2

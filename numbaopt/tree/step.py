@@ -277,18 +277,26 @@ def plan(c: TreeCore, model, grads, inplace: bool, collected=None):
 # the transaction
 
 
+def _columns(run, r) -> tuple:
+    """Reducer ``r``'s columns in ``run``'s tables: its first partial, its "contributed" flag, its error final."""
+    lay = run.grp.layout
+    rule = lay.rules[r]
+    c0 = lay.acc_cols[r]
+    return c0, c0 + len(reduce_ops(rule)), lay.fin_cols[r] + type(rule).finals.index("error")
+
+
+def _bad_leaves(run, r, own: bool = False) -> list:
+    """The leaves of ``run`` for which reducer ``r`` refuses the step (``own``: whose own contribution is not
+    finite: the cause, when a tree-scope refusal flags every leaf)."""
+    c0, flag, err = _columns(run, r)
+    return [j for j in range(len(run.grp.members)) if run.P[j, flag] != 0.0 and run.F[j, err] != 0.0
+            and not (own and all(math.isfinite(v) for v in run.P[j, c0:flag]))]
+
+
 def _refusal(s, run, r) -> ValueError:
     """The error of reduction rule ``r`` refusing ``run``'s step, naming the leaf that caused it."""
     grp = run.grp
-    lay = grp.layout
-    rule = lay.rules[r]
-    nops = len(reduce_ops(rule))
-    c0, flag = lay.acc_cols[r], lay.acc_cols[r] + nops
-    err = lay.fin_cols[r] + type(rule).finals.index("error")
-    bad = [j for j in range(len(grp.members)) if run.P[j, flag] != 0.0 and run.F[j, err] != 0.0]
-    if type(rule).scope == "tree":  # the leaf whose own contribution is not finite, when there is one
-        own = [j for j in bad if not all(math.isfinite(v) for v in run.P[j, c0:flag])]
-        bad = own or bad
+    bad = (_bad_leaves(run, r, own=True) if type(grp.layout.rules[r]).scope == "tree" else []) or _bad_leaves(run, r)
     where_ = s.where(grp.members[bad[0]], "grads") if bad else ""
     return status_error(grp.rule, ERROR_BASE + r, where_)
 
@@ -322,25 +330,13 @@ def _tree_phase(s, members) -> None:
 def _raise_refusal(s, members) -> None:
     """Raise the refusal of a reduction over ``members`` = [(run, member index)], if it refuses: named after a
     leaf whose own contribution is not finite when there is one (a tree-scope refusal flags every leaf)."""
-    bad = []
-    for run, r in members:
-        rule = run.grp.layout.rules[r]
-        if "error" not in type(rule).finals:
-            return
-        lay = run.grp.layout
-        err = lay.fin_cols[r] + type(rule).finals.index("error")
-        flag = lay.acc_cols[r] + len(reduce_ops(rule))
-        if np.any((run.P[:, flag] != 0.0) & (run.F[:, err] != 0.0)):
-            bad.append((run, r))
-    if not bad:
+    run0, r0 = members[0]
+    if "error" not in type(run0.grp.layout.rules[r0]).finals:
         return
-    for run, r in bad:
-        lay = run.grp.layout
-        c0 = lay.acc_cols[r]
-        flag = c0 + len(reduce_ops(lay.rules[r]))
-        if any(run.P[j, flag] != 0.0 and not np.all(np.isfinite(run.P[j, c0:flag])) for j in range(len(run.P))):
-            raise _refusal(s, run, r)
-    raise _refusal(s, *bad[0])
+    bad = [(run, r) for run, r in members if _bad_leaves(run, r)]
+    if bad:
+        own = [(run, r) for run, r in bad if _bad_leaves(run, r, own=True)]
+        raise _refusal(s, *(own or bad)[0])
 
 
 def _phased(s, dom) -> None:
@@ -350,11 +346,6 @@ def _phased(s, dom) -> None:
              lambda held: _tree_phase(s, [(dom[i], r) for i, r in held]))
     for run in dom:
         run.checked = True
-
-
-def _domains(runs, every: bool = False) -> list:
-    """Runs that reduce together (see :func:`numbaopt.tree.scopes.domains`)."""
-    return domains(runs, every)
 
 
 def _commit(s, run):
@@ -380,7 +371,7 @@ class Order:
 
     def __init__(self, runs, may_defer: bool = True, reducer=None):
         self.runs, self.reducer = runs, reducer
-        self.domains = _domains(runs, reducer is not None)
+        self.domains = domains(runs, reducer is not None)
         phased = {id(r) for d in self.domains for r in d}
         risky = [r for r in runs if id(r) not in phased and r.grp.layout.refusing()]
         self.first = risky.pop(0) if risky and may_defer else None
