@@ -6,6 +6,9 @@ members give it (optax's ``chain(clip_by_global_norm(1.0), partition(...))``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, overload
+
 from .base import Rule
 
 __all__ = ["Chain", "chain", "check_members", "ChainChooser", "masked", "Masked"]
@@ -93,7 +96,11 @@ def _is_chooser(r) -> bool:
     return callable(r) and not isinstance(r, (Rule, Chain, type))
 
 
-def chain(*rules) -> Rule | Chain | ChainChooser:
+@overload
+def chain(*rules: Rule | Chain) -> Rule | Chain: ...
+@overload
+def chain(*rules: Rule | Chain | Callable[[Any, Any], Any]) -> Rule | Chain | ChainChooser: ...
+def chain(*rules):
     """Compose rules; a chain of one rule is that rule, and ``chain()`` the identity (``d = g``). With a rule
     chooser among the members, a :class:`ChainChooser` (a rule chooser for :func:`numbaopt.setup`)."""
     if any(_is_chooser(r) for r in rules):

@@ -12,7 +12,7 @@ import copyreg
 
 import numpy as np
 
-from ..backends.cuda.group import DeviceMember
+from ..backends.cuda.member import DeviceMember
 from ..backends.state import enter, leave
 from .containers import BUILTIN_SPECS, ContainerSpec, registry, type_name
 from .groups import TreeLeaf

@@ -18,17 +18,16 @@ array, counter and hyperparameter as it was, and its message names the leaf or t
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from ..backends import abi, pool
 from ..backends.alias import aliased_leaves
-from ..backends.state import status_error
-from ..compiler.layout import ERROR_BASE, reduce_ops
+from ..compiler.layout import ERROR_BASE
 from .collect import collect
 from .params import ND_READONLY, ND_WRITEABLE
-from .scopes import domains, in_order
+from .passes import DeviceRun, device_phased, phased, refusal
+from .scopes import domains
 from .state import TreeCore
 from .structure import rebuild
 
@@ -277,77 +276,6 @@ def plan(c: TreeCore, model, grads, inplace: bool, collected=None):
 # the transaction
 
 
-def _columns(run, r) -> tuple:
-    """Reducer ``r``'s columns in ``run``'s tables: its first partial, its "contributed" flag, its error final."""
-    lay = run.grp.layout
-    rule = lay.rules[r]
-    c0 = lay.acc_cols[r]
-    return c0, c0 + len(reduce_ops(rule)), lay.fin_cols[r] + type(rule).finals.index("error")
-
-
-def _bad_leaves(run, r, own: bool = False) -> list:
-    """The leaves of ``run`` for which reducer ``r`` refuses the step (``own``: whose own contribution is not
-    finite: the cause, when a tree-scope refusal flags every leaf)."""
-    c0, flag, err = _columns(run, r)
-    return [j for j in range(len(run.grp.members)) if run.P[j, flag] != 0.0 and run.F[j, err] != 0.0
-            and not (own and all(math.isfinite(v) for v in run.P[j, c0:flag]))]
-
-
-def _refusal(s, run, r) -> ValueError:
-    """The error of reduction rule ``r`` refusing ``run``'s step, naming the leaf that caused it."""
-    grp = run.grp
-    bad = (_bad_leaves(run, r, own=True) if type(grp.layout.rules[r]).scope == "tree" else []) or _bad_leaves(run, r)
-    where_ = s.where(grp.members[bad[0]], "grads") if bad else ""
-    return status_error(grp.rule, ERROR_BASE + r, where_)
-
-
-def _leaf_phase(s, run, r) -> None:
-    """Leaf-scope reduction ``r`` of one run: partials, finals per leaf, a refusal raised."""
-    mod = run.grp.mod
-    getattr(mod, f"partial_{r}")(*run.args(True))
-    getattr(mod, f"finish_leaves_{r}")(run.P, run.hp, run.F)
-    _raise_refusal(s, [(run, r)])
-
-
-def _tree_phase(s, members) -> None:
-    """One tree-scope reduction over ``members`` = [(run, member index)]: the partials of every run, combined
-    in run order (each run's module reads its own columns), one ``finish`` (the members agree on what it
-    reads: :mod:`.scopes`), the finals put into every run's table."""
-    for run, r in members:
-        getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
-    run0, r0 = members[0]
-    lay0 = run0.grp.layout
-    tot = lay0.totals(r0)
-    for run, r in members:
-        getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
-    row = np.empty(lay0.row_len(r0), dtype=np.float64)
-    getattr(run0.grp.mod, f"finish_row_{r0}")(tot, run0.hp, row)
-    for run, r in members:
-        getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)
-    _raise_refusal(s, members)
-
-
-def _raise_refusal(s, members) -> None:
-    """Raise the refusal of a reduction over ``members`` = [(run, member index)], if it refuses: named after a
-    leaf whose own contribution is not finite when there is one (a tree-scope refusal flags every leaf)."""
-    run0, r0 = members[0]
-    if "error" not in type(run0.grp.layout.rules[r0]).finals:
-        return
-    bad = [(run, r) for run, r in members if _bad_leaves(run, r)]
-    if bad:
-        own = [(run, r) for run, r in bad if _bad_leaves(run, r, own=True)]
-        raise _refusal(s, *(own or bad)[0])
-
-
-def _phased(s, dom) -> None:
-    """The reductions of a domain (:func:`numbaopt.tree.scopes.domains`), in chain order: each run's leaf-scope
-    reductions on their own, each tree-scope one once every run holding it has reached it."""
-    in_order(dom, [run.grp.layout.reducers for run in dom], lambda i, r: _leaf_phase(s, dom[i], r),
-             lambda held: _tree_phase(s, [(dom[i], r) for i, r in held]))
-    for run in dom:
-        run.checked = True
-
-
 def _commit(s, run):
     if run.checked:
         mod = run.grp.mod
@@ -356,14 +284,15 @@ def _commit(s, run):
     kernel, args = run.fused_call()
     status = kernel(*args)
     if status:
-        raise _refusal(s, run, status - ERROR_BASE)
+        raise refusal(s, run, status - ERROR_BASE)
 
 
 class Order:
     """How the runs of a step are checked and committed (see :func:`execute`); a fast plan keeps its own.
 
-    ``reducer``: a function ``(structure, runs)`` that does the reductions of the runs of one rule in place of
-    :func:`_phased` (same contract: partials, finals in ``F``, a refusal raised before anything is written).
+    ``reducer``: a function ``(structure, runs)`` that does the reductions of a domain's runs in place of
+    :func:`numbaopt.tree.passes.phased` (same contract: partials, finals in ``F``, a refusal raised before
+    anything is written).
     The distributed step (:mod:`numbaopt.mpi`) combines the partials of every rank there; with a reducer,
     every run with a reduction goes through it."""
 
@@ -394,14 +323,14 @@ def execute(s, order: Order, devices=()) -> None:
         return
     for run in order.runs:
         run.checked = False
-    reduce_domain = order.reducer or _phased
+    reduce_domain = order.reducer or phased
     for dom in order.domains:
         reduce_domain(s, dom)
-    linked = domains([_DeviceRun(dg) for dg, *_ in devices]) if len(devices) > 1 else []
+    linked = domains([DeviceRun(dg) for dg, *_ in devices]) if len(devices) > 1 else []
     together = {id(d.grp) for dom in linked for d in dom}
     preps = [(dg, dg.prepare(xs, gs, js, id(dg) not in together)) for dg, xs, gs, js in devices]
     for dom in linked:
-        _device_phased(dom, dict((id(dg), p) for dg, p in preps))
+        device_phased(dom, dict((id(dg), p) for dg, p in preps))
     undo = [(dg, p) for dg, p in preps if p.undo_needed]
     first = order.first
     if first is not None and undo:  # a device step that can refuse late goes first: check this one too
@@ -410,7 +339,7 @@ def execute(s, order: Order, devices=()) -> None:
     for run in order.risky:  # dry: their refusal comes before anything is written
         status = run.grp.mod.reductions(*run.args(True))
         if status:
-            raise _refusal(s, run, status - ERROR_BASE)
+            raise refusal(s, run, status - ERROR_BASE)
         run.checked = True
     if first is not None:
         _commit(s, first)  # refuses, if it does, before it writes
@@ -430,42 +359,6 @@ def execute(s, order: Order, devices=()) -> None:
         if not p.undo_needed:
             dg.commit(p)
     _keep_hp(order.runs)
-
-
-class _DeviceRun:
-    """A device group as :func:`numbaopt.tree.scopes.domains` takes runs."""
-
-    __slots__ = ("grp",)
-
-    def __init__(self, grp):
-        self.grp = grp
-
-
-def _device_phased(dom, prepared) -> None:
-    """The reductions of device groups that a tree-scope reduction spans, pass by pass in chain order: for a
-    tree-scope one, every group's dry pass, the totals combined on the host (in group order), every group's finish
-    from them; then each group's status (a refusal raises before anything is written)."""
-    def alone(i, r):
-        dg = dom[i].grp
-        dg.reduce_pass(prepared[id(dg)], r)
-        dg.finish_pass(prepared[id(dg)], r)
-
-    def together(held):
-        for i, r in held:
-            dom[i].grp.reduce_pass(prepared[id(dom[i].grp)], r)
-        ops = reduce_ops(dom[held[0][0]].grp.layout.rules[held[0][1]])
-        tot = None
-        for i, r in held:
-            mine = dom[i].grp.totals(r)
-            tot = mine if tot is None else np.array([a + b if op == "sum" else max(a, b)
-                                                     for a, b, op in zip(tot, mine, ops)])
-        for i, r in held:
-            dom[i].grp.set_totals(r, tot)
-            dom[i].grp.finish_pass(prepared[id(dom[i].grp)], r)
-
-    in_order(dom, [run.grp.mod.plan.phases for run in dom], alone, together)
-    for run in dom:
-        run.grp.reduced(prepared[id(run.grp)])
 
 
 def _keep_hp(runs):

@@ -19,8 +19,9 @@ silently. All launches go to the default stream. Axis reductions (Adafactor...) 
 GPU yet (a clear ``NotImplementedError`` / ``TypeError`` at setup).
 """
 from .arrays import cuda_available, is_device_array
-from .group import DeviceGroup, DeviceMember, setup_device_group
+from .group import DeviceGroup, setup_device_group
 from .leaf import DeviceLeaf, setup_leaf
+from .member import DeviceMember
 
 __all__ = ["DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "setup_leaf", "is_device_array",
            "cuda_available"]

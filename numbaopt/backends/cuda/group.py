@@ -1,5 +1,5 @@
-"""Many device arrays under one rule: :class:`DeviceGroup` (one launch per step) and :class:`DeviceMember`
-(one leaf of a group, as a tree's state shows it).
+"""Many device arrays under one rule: :class:`DeviceGroup` (one launch per step; one leaf of it, as a tree's
+state shows it, is a :class:`numbaopt.backends.cuda.member.DeviceMember`).
 
 A step is split in two for the tree pipeline's transaction: :meth:`DeviceGroup.prepare` checks the arrays,
 uploads their addresses and runs the reductions (which write only scratch buffers) and reads their status
@@ -12,13 +12,13 @@ import numpy as np
 
 from ...compiler import ChainLayout
 from ..alias import aliased_leaves
-from ..state import Leaf, as_reader, adjusted_rule, as_rule, check_param_dtype, enter, leave, raise_status
+from ..state import Leaf, as_reader, adjusted_rule, as_rule, check_param_dtype, raise_status
 from .arrays import (Scratch, check_device_grad, decode, device_copies, device_state, empty_like, finish_phase, flat,
                      info, is_device_array, kind, reduce_phase, run_reductions, runtime, table_stale,
                      unpickling_runtime)
-from .leaf import check_device_rule, leaf_from_host
+from .leaf import check_device_rule
 
-__all__ = ["DeviceGroup", "DeviceMember", "setup_device_group", "tree_group"]
+__all__ = ["DeviceGroup", "setup_device_group", "tree_group"]
 
 
 class DeviceGroup:
@@ -442,46 +442,6 @@ class DeviceGroup:
         if g.shapes != [tuple(lf.shape) for lf in leaves]:
             raise ValueError(f"from_host: parameter shapes {g.shapes}, the leaves' {[lf.shape for lf in leaves]}")
         return g
-
-
-class DeviceMember:
-    """Leaf ``j`` of a :class:`DeviceGroup` as a tree's state shows it (``state['gpu'].w``): a view.
-
-    A tree groups its device leaves by (rule, dtype) into one ``DeviceGroup`` each, stepped with one
-    launch. This view reads the group live: ``rule``, ``t``, ``skipped``, ``shape``, ``dtype``,
-    ``state`` (device views), ``to_host()``.
-    """
-
-    __slots__ = ("group", "j")
-
-    def __init__(self, group, j):
-        self.group, self.j = group, j
-
-    rule = property(lambda self: self.group.rule)
-    t = property(lambda self: int(self.group.ts[self.j]))
-    skipped = property(lambda self: int(self.group.skips[self.j]))
-    shape = property(lambda self: self.group.shapes[self.j])
-    dtype = property(lambda self: self.group.dtype)
-    state = property(lambda self: self.group.state(self.j), doc="state arrays by name (device views)")
-
-    def to_host(self) -> Leaf:
-        """This leaf's state as a host :class:`numbaopt.Leaf` (copied from the device)."""
-        g, j = self.group, self.j
-        hp = g.layout.hyper_vector(self.t + 1, None, g.dtype) if g.scheduled else g.hp.copy()
-        return Leaf(g.rule, self.shape, g.dtype, arrays=g.host_arrays(j),
-                    t=self.t, hp=hp, skipped=self.skipped)
-
-    def __reduce__(self):  # pickled alone, a member is a DeviceLeaf of its own (its group does not come along)
-        enter(self.group, "pickle", False)
-        try:
-            host = self.to_host()
-        finally:
-            leave(self.group, False)
-        return (leaf_from_host, (host,))
-
-    def __repr__(self):
-        return (f"DeviceLeaf({self.rule!r}, t={self.t}, {self.dtype.name}{list(self.shape)}, "
-                f"group of {len(self.group)})")
 
 
 def _group_from_host(leaves) -> DeviceGroup:
