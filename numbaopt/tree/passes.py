@@ -39,49 +39,76 @@ def refusal(s, run, r) -> ValueError:
     return status_error(grp.rule, ERROR_BASE + r, where_)
 
 
-def _leaf_phase(s, run, r) -> None:
-    """Leaf-scope reduction ``r`` of one run: partials, finals per leaf, a refusal raised."""
-    mod = run.grp.mod
-    getattr(mod, f"partial_{r}")(*run.args(True))
-    getattr(mod, f"finish_leaves_{r}")(run.P, run.hp, run.F)
-    _raise_refusal(s, [(run, r)])
+class _Pass:
+    """One reducer of one run, with its kernels looked up once: ``partial``, ``combine``, ``put``, ``finish``
+    (``finish_leaves``, a leaf-scope one), ``finish_row``, and the columns of its error final (or None)."""
+
+    __slots__ = ("run", "r", "partial", "combine", "put", "finish", "finish_row", "flag", "err", "row_err")
+
+    def __init__(self, run, r):
+        mod, rule = run.grp.mod, run.grp.layout.rules[r]
+        self.run, self.r = run, r
+        self.partial, self.combine = getattr(mod, f"partial_{r}"), getattr(mod, f"combine_{r}")
+        self.put, self.finish = getattr(mod, f"put_finals_{r}"), getattr(mod, f"finish_leaves_{r}")
+        self.finish_row = getattr(mod, f"finish_row_{r}")
+        _, self.flag, self.err = _columns(run, r) if "error" in type(rule).finals else (None, None, None)
+        self.row_err = type(rule).finals.index("error") if self.err is not None else None  # in finish_row's row
+
+    def refuses(self) -> bool:
+        """Whether a leaf that contributed has the error final set."""
+        P, F = self.run.P, self.run.F
+        return self.err is not None and bool(np.any((P[:, self.flag] != 0.0) & (F[:, self.err] != 0.0)))
 
 
-def _tree_phase(s, members) -> None:
-    """One tree-scope reduction over ``members`` = [(run, member index)]: the partials of every run, combined
-    in run order (each run's module reads its own columns), one ``finish`` (the members agree on what it
-    reads: :mod:`.scopes`), the finals put into every run's table."""
-    for run, r in members:
-        getattr(run.grp.mod, f"partial_{r}")(*run.args(True))
-    run0, r0 = members[0]
-    lay0 = run0.grp.layout
-    tot = lay0.totals(r0)
-    for run, r in members:
-        getattr(run.grp.mod, f"combine_{r}")(run.P, tot)
-    row = np.empty(lay0.row_len(r0), dtype=np.float64)
-    getattr(run0.grp.mod, f"finish_row_{r0}")(tot, run0.hp, row)
-    for run, r in members:
-        getattr(run.grp.mod, f"put_finals_{r}")(row, run.P, run.F)
-    _raise_refusal(s, members)
+def _alone(s, p: _Pass) -> None:
+    """A leaf-scope reduction of one run: partials, finals per leaf, a refusal raised."""
+    run = p.run
+    p.partial(*run.args(True))
+    p.finish(run.P, run.hp, run.F)
+    if p.refuses():
+        raise refusal(s, run, p.r)
 
 
-def _raise_refusal(s, members) -> None:
-    """Raise the refusal of a reduction over ``members`` = [(run, member index)], if it refuses: named after a
-    leaf whose own contribution is not finite when there is one (a tree-scope refusal flags every leaf)."""
-    run0, r0 = members[0]
-    if "error" not in type(run0.grp.layout.rules[r0]).finals:
-        return
-    bad = [(run, r) for run, r in members if _bad_leaves(run, r)]
-    if bad:
-        own = [(run, r) for run, r in bad if _bad_leaves(run, r, own=True)]
-        raise refusal(s, *(own or bad)[0])
+def _together(s, passes, tot0, row) -> None:
+    """One tree-scope reduction over ``passes``: the partials of every run, combined in run order (each run's
+    module reads its own columns), one ``finish`` (the members agree on what it reads: :mod:`.scopes`), the finals
+    put into every run's table; a refusal named after a leaf whose own contribution is not finite, when there is
+    one (a tree-scope refusal flags every leaf)."""
+    for p in passes:
+        p.partial(*p.run.args(True))
+    tot = tot0.copy()
+    for p in passes:
+        p.combine(p.run.P, tot)
+    first = passes[0]
+    first.finish_row(tot, first.run.hp, row)
+    for p in passes:
+        p.put(row, p.run.P, p.run.F)
+    if first.row_err is not None and row[first.row_err] != 0.0:  # one number says whether to look further
+        bad = [p for p in passes if p.refuses()]
+        if bad:
+            own = [p for p in bad if _bad_leaves(p.run, p.r, own=True)]
+            raise refusal(s, (own or bad)[0].run, (own or bad)[0].r)
 
 
 def phased(s, dom) -> None:
     """The reductions of a domain (:func:`numbaopt.tree.scopes.domains`), in chain order: each run's leaf-scope
-    reductions on their own, each tree-scope one once every run holding it has reached it."""
-    in_order(dom, [run.grp.layout.reducers for run in dom], lambda i, r: _leaf_phase(s, dom[i], r),
-             lambda held: _tree_phase(s, [(dom[i], r) for i, r in held]))
+    reductions on their own, each tree-scope one once every run holding it has reached it. The order and the
+    kernels are found once per domain (a fast plan's domains serve every step)."""
+    plan = dom.plan
+    if plan is None:
+        plan = dom.plan = []
+        for step in in_order(dom, [run.grp.layout.reducers for run in dom]):
+            if isinstance(step, tuple):
+                plan.append((_Pass(dom[step[0]], step[1]),))
+                continue
+            passes = [_Pass(dom[i], r) for i, r in step]
+            lay, r0 = dom[step[0][0]].grp.layout, step[0][1]
+            plan.append((passes, lay.totals(r0), np.empty(lay.row_len(r0), dtype=np.float64)))
+    for step in plan:
+        if len(step) == 1:
+            _alone(s, step[0])
+        else:
+            _together(s, *step)
     for run in dom:
         run.checked = True
 
@@ -117,6 +144,10 @@ def device_phased(dom, prepared) -> None:
             dom[i].grp.set_totals(r, tot)
             dom[i].grp.finish_pass(prepared[id(dom[i].grp)], r)
 
-    in_order(dom, [run.grp.mod.plan.phases for run in dom], alone, together)
+    for step in in_order(dom, [run.grp.mod.plan.phases for run in dom]):
+        if isinstance(step, tuple):
+            alone(*step)
+        else:
+            together(step)
     for run in dom:
         run.grp.reduced(prepared[id(run.grp)])

@@ -141,9 +141,10 @@ def _conflict(fam, a, b, where) -> None:
 
 class Domain(list):
     """Runs of one step that reduce together (a list of runs, in step order) and, per run, the slot of each of
-    its tree-scope reductions (``slot_of[i]``: {member index: slot}); ``holders[slot]``: how many runs hold it."""
+    its tree-scope reductions (``slot_of[i]``: {member index: slot}); ``holders[slot]``: how many runs hold it;
+    ``plan``: what a caller made of it once (the passes of a fast plan's steps), or None."""
 
-    __slots__ = ("slot_of", "holders")
+    __slots__ = ("slot_of", "holders", "plan")
 
 
 def domains(runs, every: bool = False) -> list:
@@ -181,6 +182,7 @@ def domains(runs, every: bool = False) -> list:
             continue
         d = Domain(runs[i] for i in members)
         d.slot_of = [slot_of[i] for i in members]
+        d.plan = None
         d.holders = {}
         for m in d.slot_of:
             for s in m.values():
@@ -189,26 +191,28 @@ def domains(runs, every: bool = False) -> list:
     return out
 
 
-def in_order(dom, queues, alone, together) -> None:
-    """Run the reductions of a domain in chain order: ``queues[i]`` lists member ``i``'s reduction passes (member
-    indices of its chain, in order); ``alone(i, r)`` runs a pass of one member (a leaf-scope reduction, an axis
-    member), ``together([(i, r), ...])`` a tree-scope reduction once every member holding it has reached it."""
+def in_order(dom, queues) -> list:
+    """The reductions of a domain in chain order: ``queues[i]`` lists member ``i``'s reduction passes (member
+    indices of its chain, in order). Returns the steps: ``(i, r)`` for a pass of one member alone (a leaf-scope
+    reduction, an axis member), a list ``[(i, r), ...]`` for a tree-scope reduction once every member holding it
+    has reached it."""
     heads = [0] * len(dom)
+    steps: list = []
     while True:
         waiting: dict = {}
         for i, q in enumerate(queues):
             slots = dom.slot_of[i]
             while heads[i] < len(q) and q[heads[i]] not in slots:
-                alone(i, q[heads[i]])
+                steps.append((i, q[heads[i]]))
                 heads[i] += 1
             if heads[i] < len(q):
                 waiting.setdefault(slots[q[heads[i]]], []).append(i)
         if not waiting:
-            return
+            return steps
         ready = [slot for slot, held in waiting.items() if len(held) == dom.holders[slot]]
         if not ready:  # check() keeps the chains' orders compatible
             raise RuntimeError("numbaopt: tree-scope reductions in incompatible orders across groups")
         held = waiting[min(ready)]
-        together([(i, queues[i][heads[i]]) for i in held])
+        steps.append([(i, queues[i][heads[i]]) for i in held])
         for i in held:
             heads[i] += 1
