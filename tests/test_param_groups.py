@@ -301,3 +301,12 @@ def test_a_refusal_across_groups_names_its_leaf_and_writes_nothing(inplace):
     for (_, leaf), mo in zip(state.leaves(), moments):
         np.testing.assert_array_equal(leaf.state["m"], mo)
         assert leaf.t == 2
+
+
+def test_two_equal_clips_in_one_chain_are_two_reductions_over_the_groups():
+    """chain(clip 1, scale 3, clip 1): the second clip sees the first's output times 3, over both groups."""
+    m = {"a": np.zeros(1), "b": np.zeros(1)}
+    rule = lambda p, x: no.chain(no.ClipGlobalNorm(1.0), no.Descent(3.0), no.ClipGlobalNorm(1.0),
+                                 no.Descent(1.0 if p[0].key == "a" else 0.5))
+    _, out = no.update(no.setup(rule, m), m, {"a": np.array([3.0]), "b": np.array([4.0])})
+    np.testing.assert_allclose([out["a"][0], out["b"][0]], [-0.6, -0.4])  # |(0.6, 0.8) * 3| = 3: clipped to 1

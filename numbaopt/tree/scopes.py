@@ -38,7 +38,7 @@ def _kind(rule) -> tuple:
 class ScopeKey:
     """What makes two tree-scope reduction members one reduction (see the module docstring)."""
 
-    __slots__ = ("rule", "span", "kind", "shared", "place", "_hash")
+    __slots__ = ("rule", "span", "kind", "shared", "place", "nth", "_hash")
 
     def __init__(self, rule, before):
         cls = type(rule)
@@ -47,11 +47,14 @@ class ScopeKey:
         names += [d.init for d in cls._states.values() if d.axis == SCALAR and isinstance(d.init, str)]
         self.shared = tuple((n, rule._values[n]) for n in dict.fromkeys(names))
         self.place = tuple(_kind(m) for m in before if _stateful(m))
-        self._hash = hash((self.span, self.kind, self.place))
+        #: the members of its family before it in the chain (two equal clips in a row are two reductions)
+        self.nth = sum(1 for m in before if type(m) is cls and m.span == rule.span and type(m).scope == "tree")
+        self._hash = hash((self.span, self.kind, self.place, self.nth))
 
     def __eq__(self, other):
         return (isinstance(other, ScopeKey) and self._hash == other._hash and self.span == other.span
-                and self.kind == other.kind and self.place == other.place and self.shared == other.shared)
+                and self.kind == other.kind and self.place == other.place and self.nth == other.nth
+                and self.shared == other.shared)
 
     def __hash__(self):
         return self._hash
