@@ -310,3 +310,17 @@ def test_two_equal_clips_in_one_chain_are_two_reductions_over_the_groups():
                                  no.Descent(1.0 if p[0].key == "a" else 0.5))
     _, out = no.update(no.setup(rule, m), m, {"a": np.array([3.0]), "b": np.array([4.0])})
     np.testing.assert_allclose([out["a"][0], out["b"][0]], [-0.6, -0.4])  # |(0.6, 0.8) * 3| = 3: clipped to 1
+
+
+def test_a_file_whose_groups_cannot_share_a_reduction_is_refused_at_load(tmp_path):
+    """A crafted file: the second group's clip given another max_norm in the header."""
+    import json
+    m = {"W": np.ones((2, 2)), "b": np.ones(2)}
+    no.save(tmp_path / "s.npz", no.setup(adamw_groups, m))
+    with np.load(tmp_path / "s.npz") as f:
+        data = {k: f[k] for k in f.files}
+    header = json.loads(bytes(data.pop("__header__")).decode())
+    header["groups"][1]["rule"]["chain"][0]["values"]["max_norm"] = 2.0
+    np.savez(tmp_path / "bad.npz", **data, __header__=np.frombuffer(json.dumps(header).encode(), np.uint8))
+    with pytest.raises(no.CheckpointError, match=r"its groups: setup: .*max_norm 1\.0 vs 2\.0"):
+        no.load(tmp_path / "bad.npz")
