@@ -4,7 +4,7 @@
 body, shared by both emitters), :mod:`.prelude` (compiled ``ops``), :mod:`.cpu` and :mod:`.cuda` (the
 emitters), :mod:`.cache` (content-hashed modules on disk), :mod:`.intrinsics` (raw-address helpers).
 """
-from .cache import cache_dir, kernels
+from .cache import cache_dir, chain_key, kernels
 from .layout import ChainLayout, real_dtype
 
-__all__ = ["ChainLayout", "real_dtype", "kernels", "cache_dir"]
+__all__ = ["ChainLayout", "real_dtype", "kernels", "chain_key", "cache_dir"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import cpu
 
-__all__ = ["cache_dir", "import_generated", "kernels", "rule_key", "module_lock", "cached"]
+__all__ = ["cache_dir", "import_generated", "kernels", "rule_key", "chain_key", "module_lock", "cached"]
 
 #: serialises generating and importing modules (kernels are looked up without it)
 module_lock = threading.RLock()
@@ -74,6 +74,12 @@ def rule_key(rule) -> tuple:
     return (cls.__module__, cls.__qualname__, cls.source_fingerprint(), tuple(sorted(rule.option_values().items())))
 
 
+def chain_key(rule) -> tuple:
+    """What decides a chain's generated code (its members' :func:`rule_key`): two rules of equal keys run the same
+    kernels, whatever their hyperparameters."""
+    return tuple(rule_key(r) for r in rule.rules)
+
+
 def cached(key, make):
     """The module ``make()`` returns, once per ``key`` and process (thread-safe)."""
     mod = _modules.get(key)
@@ -89,7 +95,7 @@ def cached(key, make):
 def kernels(rule, dtype):
     """The generated CPU module for ``rule`` (a rule or chain) and compute dtype ``dtype``."""
     dtype = np.dtype(dtype)
-    key = ("cpu", tuple(rule_key(r) for r in rule.rules), dtype.str)
+    key = ("cpu", chain_key(rule), dtype.str)
     mod = _modules.get(key)
     if mod is not None:
         return mod

@@ -32,6 +32,7 @@ import secrets
 
 import numpy as np
 
+from ..compiler import chain_key
 from ..persist import files
 from ..persist.checks import (as_bool, as_dict, as_int, as_list, as_str, compute_dtype, elements, param_dtype,
                               shape_of)
@@ -246,7 +247,7 @@ def _rule_for(header, rules, sharded):
     untrained (a rule chooser's), a chooser by path (the checkpoint's rule per array, None elsewhere)."""
     per_unit = [rules[u["rule"]] for u in header["units"]]
     several = len({u["rule"] for u in header["units"]}) > 1
-    kernels = {tuple((type(r), tuple(sorted(r.option_values().items()))) for r in rule.rules) for rule in per_unit}
+    kernels = {chain_key(rule) for rule in per_unit}
     if sharded and len(kernels) > 1:
         raise ValueError("the checkpoint holds rules of different kernels per leaf (set up with a rule chooser); a "
                          "sharded state steps one chain's kernels (its rules may differ in hyperparameters only): "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.state import as_rule, check_param_dtype, enter, leave
-from ..compiler import ChainLayout
+from ..compiler import ChainLayout, chain_key
 from ..rules.basic import Descent
 from ..rules.base import Rule
 from ..rules.chain import Chain
@@ -149,16 +149,12 @@ def _sharded_rules(rule, view, what):
     chosen = [r for r in by_path.values() if r is not None]
     first = as_rule(chosen[0])
     for path, r in by_path.items():
-        if r is not None and (_kernel_key(r) != _kernel_key(first) or _spans(r) != _spans(first)):
+        if r is not None and (chain_key(as_rule(r)) != chain_key(first) or _spans(r) != _spans(first)):
             raise TypeError(f"numbaopt.mpi.setup(shard=True): the rule chooser gave model{path} {r!r} and another "
                             f"leaf {first!r}; a sharded state steps every leaf with one chain's kernels, so the "
                             "chosen rules may differ in hyperparameters only (not in members, options or span "
                             "names); use shard=False for other choices")
     return None, by_path
-
-
-def _kernel_key(rule) -> list:
-    return [(type(r), sorted(r.option_values().items())) for r in as_rule(rule).rules]
 
 
 def _spans(rule) -> list:

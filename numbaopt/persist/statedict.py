@@ -22,7 +22,7 @@ import numpy as np
 
 from ..backends.cuda import DeviceLeaf, DeviceMember
 from ..backends.state import Leaf, check_param_dtype, enter, leave
-from ..compiler import ChainLayout
+from ..compiler import ChainLayout, chain_key
 from ..tree.groups import TreeLeaf
 from ..tree.state import StateTree, core
 from . import files
@@ -291,7 +291,7 @@ def load(path_or_state_dict: str | os.PathLike[str] | dict[str, Any]) -> Leaf | 
 def _same_kernel(a, b) -> bool:
     """Whether two rules run the same kernels (the same member classes and options; hyperparameters may
     differ: they are the state dict's after a restore)."""
-    return [(type(r), r.option_values()) for r in a.rules] == [(type(r), r.option_values()) for r in b.rules]
+    return chain_key(a) == chain_key(b)
 
 
 def _mismatch(what, mine, theirs) -> ValueError:

@@ -12,7 +12,7 @@ from ..backends.state import status_error
 from ..compiler.layout import ERROR_BASE, reduce_ops
 from .scopes import in_order
 
-__all__ = ["refusal", "phased", "DeviceRun", "device_phased"]
+__all__ = ["refusal", "phased", "device_phased"]
 
 
 def _columns(run, r) -> tuple:
@@ -113,41 +113,27 @@ def phased(s, dom) -> None:
         run.checked = True
 
 
-class DeviceRun:
-    """A device group as :func:`numbaopt.tree.scopes.domains` takes runs."""
-
-    __slots__ = ("grp",)
-
-    def __init__(self, grp):
-        self.grp = grp
-
-
 def device_phased(dom, prepared) -> None:
-    """The reductions of device groups that a tree-scope reduction spans, pass by pass in chain order: for a
-    tree-scope one, every group's dry pass, the totals combined on the host (in group order), every group's finish
-    from them; then each group's status (a refusal raises before anything is written)."""
-    def alone(i, r):
-        dg = dom[i].grp
-        dg.reduce_pass(prepared[id(dg)], r)
-        dg.finish_pass(prepared[id(dg)], r)
-
-    def together(held):
-        for i, r in held:
-            dom[i].grp.reduce_pass(prepared[id(dom[i].grp)], r)
-        ops = reduce_ops(dom[held[0][0]].grp.layout.rules[held[0][1]])
+    """The reductions of the device groups ``dom`` that a tree-scope reduction spans (``prepared``: each group's
+    prepared step, by id), pass by pass in chain order: for a tree-scope one, every group's dry pass, the totals
+    combined on the host (in group order), every group's finish from them; then each group's status (a refusal
+    raises before anything is written)."""
+    for step in in_order(dom, [dg.mod.plan.phases for dg in dom]):
+        if isinstance(step, tuple):
+            dg, r = dom[step[0]], step[1]
+            dg.reduce_pass(prepared[id(dg)], r)
+            dg.finish_pass(prepared[id(dg)], r)
+            continue
+        for i, r in step:
+            dom[i].reduce_pass(prepared[id(dom[i])], r)
+        ops = reduce_ops(dom[step[0][0]].layout.rules[step[0][1]])
         tot = None
-        for i, r in held:
-            mine = dom[i].grp.totals(r)
+        for i, r in step:
+            mine = dom[i].totals(r)
             tot = mine if tot is None else np.array([a + b if op == "sum" else max(a, b)
                                                      for a, b, op in zip(tot, mine, ops)])
-        for i, r in held:
-            dom[i].grp.set_totals(r, tot)
-            dom[i].grp.finish_pass(prepared[id(dom[i].grp)], r)
-
-    for step in in_order(dom, [run.grp.mod.plan.phases for run in dom]):
-        if isinstance(step, tuple):
-            alone(*step)
-        else:
-            together(step)
-    for run in dom:
-        run.grp.reduced(prepared[id(run.grp)])
+        for i, r in step:
+            dom[i].set_totals(r, tot)
+            dom[i].finish_pass(prepared[id(dom[i])], r)
+    for dg in dom:
+        dg.reduced(prepared[id(dg)])

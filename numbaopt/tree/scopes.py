@@ -20,6 +20,8 @@ one norm per group. ``span="name"`` separates scopes on purpose (``ClipGlobalNor
 """
 from __future__ import annotations
 
+from ..compiler import chain_key
+from ..compiler.cache import rule_key
 from ..rules.base import SCALAR, step_args
 
 __all__ = ["ScopeKey", "scope_keys", "Planned", "check", "domains", "Domain", "in_order"]
@@ -31,10 +33,6 @@ def _stateful(rule) -> bool:
     return bool(rule.active_states()) or type(rule).stage == "accumulate" or bool(type(rule).axes)
 
 
-def _kind(rule) -> tuple:
-    return type(rule), tuple(sorted(rule.option_values().items()))
-
-
 class ScopeKey:
     """What makes two tree-scope reduction members one reduction (see the module docstring)."""
 
@@ -42,11 +40,11 @@ class ScopeKey:
 
     def __init__(self, rule, before):
         cls = type(rule)
-        self.rule, self.span, self.kind = rule, rule.span, _kind(rule)
+        self.rule, self.span, self.kind = rule, rule.span, rule_key(rule)
         names = [n for n in step_args(cls.finish) if n in cls._hypers]
         names += [d.init for d in cls._states.values() if d.axis == SCALAR and isinstance(d.init, str)]
         self.shared = tuple((n, rule._values[n]) for n in dict.fromkeys(names))
-        self.place = tuple(_kind(m) for m in before if _stateful(m))
+        self.place = tuple(rule_key(m) for m in before if _stateful(m))
         #: the members of its family before it in the chain (two equal clips in a row are two reductions)
         self.nth = sum(1 for m in before if type(m) is cls and m.span == rule.span and type(m).scope == "tree")
         self._hash = hash((self.span, self.kind, self.place, self.nth))
@@ -62,11 +60,11 @@ class ScopeKey:
     @property
     def family(self) -> tuple:
         """Reductions of one family must agree across leaves: the same class and span name."""
-        return self.span, self.kind[0]
+        return self.span, type(self.rule)
 
     def describe(self) -> str:
         """The member with what decides its scope, for messages."""
-        place = ", ".join(c.__name__ for c, _ in self.place)
+        place = ", ".join(key[1] for key in self.place)  # (module, qualified name, ...)
         return f"{self.rule!r} (after {place})" if place else repr(self.rule)
 
     def difference(self, other: ScopeKey) -> str:
@@ -92,7 +90,6 @@ class Planned:
     unit of the structure), whether it is a ``device`` group."""
 
     __slots__ = ("layout", "rule", "first", "device")
-    grp = property(lambda self: self)  # domains() takes runs, whose group this stands for
 
     def __init__(self, rule, layout, first: int, device: bool):
         self.rule, self.layout, self.first, self.device = rule, layout, first, device
@@ -112,7 +109,7 @@ def check(planned, where) -> None:
             other = seen.setdefault(fam, (g, keys))
             if other[0] is not g and other[1] != keys:
                 _conflict(fam, (g, keys), other, lambda p: where(p.first))
-    for dom in domains(planned):
+    for dom in domains(planned, group=_itself):
         devices = [p for p in dom if p.device]
         if devices and len(devices) < len(dom):
             raise NotImplementedError(
@@ -150,10 +147,19 @@ class Domain(list):
     __slots__ = ("slot_of", "holders", "plan")
 
 
-def domains(runs, every: bool = False) -> list:
+def _itself(g):
+    return g
+
+
+def _group_of(run):
+    return run.grp
+
+
+def domains(runs, every: bool = False, group=_group_of) -> list:
     """The runs linked by a tree-scope reduction (several runs only); ``every``: every run with a reduction,
     runs of the same kernels linked too (a core's ``reducer`` combines each domain's leaf-scope reductions across
-    processes as well, one table per reduction over every leaf of those kernels)."""
+    processes as well, one table per reduction over every leaf of those kernels). ``group(run)``: the group a run
+    steps (anything with ``layout`` and ``rule``: a run's group, a device group, a :class:`Planned`)."""
     parent = list(range(len(runs)))
 
     def find(i):
@@ -166,18 +172,18 @@ def domains(runs, every: bool = False) -> list:
     owner: dict = {}  # slot id -> the first run holding it
     slot_of, by_rule = [], {}
     for i, run in enumerate(runs):
-        lay = run.grp.layout
+        lay = group(run).layout
         mine = {}
         for r, key in scope_keys(lay):
             s = mine[r] = slots.setdefault(key, len(slots))
             parent[find(i)] = find(owner.setdefault(s, i))
         slot_of.append(mine)
         if every and lay.reducers:  # the same kernels: one domain (the reducer runs one table per reduction)
-            j = by_rule.setdefault(tuple(_kind(r) for r in lay.rules), i)
+            j = by_rule.setdefault(chain_key(group(run).rule), i)
             parent[find(i)] = find(j)
     comps: dict = {}
     for i, run in enumerate(runs):
-        if (run.grp.layout.reducers if every else slot_of[i]):
+        if (group(run).layout.reducers if every else slot_of[i]):
             comps.setdefault(find(i), []).append(i)
     out = []
     for members in comps.values():

@@ -16,8 +16,8 @@ from ..backends.state import as_rule, check_param_dtype
 from ..compiler import ChainLayout
 from ..rules.base import Rule
 from ..rules.chain import Chain
-from .groups import Group
 from . import scopes
+from .groups import Group
 from .params import param_info
 from .state import Structure, new_state
 from .structure import flatten

@@ -18,7 +18,6 @@ array, counter and hyperparameter as it was, and its message names the leaf or t
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..backends import abi, pool
@@ -26,7 +25,7 @@ from ..backends.alias import aliased_leaves
 from ..compiler.layout import ERROR_BASE
 from .collect import collect
 from .params import ND_READONLY, ND_WRITEABLE
-from .passes import DeviceRun, device_phased, phased, refusal
+from .passes import device_phased, phased, refusal
 from .scopes import domains
 from .state import TreeCore
 from .structure import rebuild
@@ -326,8 +325,8 @@ def execute(s, order: Order, devices=()) -> None:
     reduce_domain = order.reducer or phased
     for dom in order.domains:
         reduce_domain(s, dom)
-    linked = domains([DeviceRun(dg) for dg, *_ in devices]) if len(devices) > 1 else []
-    together = {id(d.grp) for dom in linked for d in dom}
+    linked = domains([dg for dg, *_ in devices], group=lambda dg: dg) if len(devices) > 1 else []
+    together = {id(dg) for dom in linked for dg in dom}
     preps = [(dg, dg.prepare(xs, gs, js, id(dg) not in together)) for dg, xs, gs, js in devices]
     for dom in linked:
         device_phased(dom, dict((id(dg), p) for dg, p in preps))
