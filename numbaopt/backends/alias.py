@@ -8,27 +8,29 @@ numbers ``update`` gives. The single-array kernels check their own arguments (a 
 ``_aliased`` in :mod:`numbaopt.compiler.prelude`); trees and device groups check here, on byte intervals:
 the general path and the device groups with :func:`aliased_leaves` (one compiled call), the fast path
 inside :func:`numbaopt.backends.abi.gather_lists` against a table made once per plan (:func:`fast_table`).
+Both are written to compile quickly (plain loops; the sort of a plan's table is NumPy's, on the host): they
+are compiled by every cold first step, whatever the rule.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from ..compiler.intrinsics import NO_NRT
+
 __all__ = ["sorted_intervals", "fast_table", "fast_hits", "hits", "shares", "aliased_leaves"]
 
 
-@njit(cache=True, error_model="numpy")
-def sorted_intervals(lo, hi, own):
+def sorted_intervals(lo, hi, own) -> np.ndarray:
     """The rows ``(lo, hi, running max of hi, owner)`` of the non-empty intervals ``[lo, hi)``, sorted by
-    ``lo``: what :func:`hits` searches (``owner`` -1: not a parameter)."""
-    keep = np.nonzero(hi > lo)[0]
-    order = keep[np.argsort(lo[keep])]
+    ``lo``: what :func:`hits` searches (``owner`` -1: not a parameter). NumPy on the host (once per fast
+    plan): compiled, its sort alone took 1.2-2.1 s of a cold first step (docs/performance.md)."""
+    lo, hi, own = np.asarray(lo, np.int64), np.asarray(hi, np.int64), np.asarray(own, np.int64)
+    keep = np.flatnonzero(hi > lo)
+    order = keep[np.argsort(lo[keep], kind="stable")]
     W = np.empty((order.shape[0], 4), dtype=np.int64)
-    top = np.int64(0)
-    for q in range(order.shape[0]):
-        k = order[q]
-        top = max(top, hi[k])
-        W[q, 0], W[q, 1], W[q, 2], W[q, 3] = lo[k], hi[k], top, own[k]
+    W[:, 0], W[:, 1], W[:, 3] = lo[order], hi[order], own[order]
+    np.maximum.accumulate(W[:, 1], out=W[:, 2])
     return W
 
 
@@ -72,7 +74,7 @@ def fast_table(lo, hi, own, param_ids, params_own: bool, arena_lo, arena_hi) -> 
         size *= 2
     H = np.zeros((size, 4), dtype=np.int64)
     for pid in param_ids:
-        k = _slot(int(pid), size - 1)
+        k = _slot.py_func(int(pid), size - 1)  # on the host: no compiled call (nor its compile)
         while H[k, 0] != 0:
             k = (k + 1) & (size - 1)
         H[k, 0] = pid
@@ -113,17 +115,49 @@ def shares(lo: int, hi: int, spans) -> bool:
     return hi > lo and any(a < hi and lo < b and not (a == lo and b == hi) for a, b in spans)
 
 
-@njit(cache=True, error_model="numpy")
-def aliased_leaves(xaddr, gaddr, nbytes, owner, alo, ahi, out):
-    """The trees' general path, in one call: ``out[k] = True`` where gradient ``k`` (at ``gaddr[k]``,
+#: above this many leaves the host sorts the parameters' intervals for :func:`aliased_leaves` (NumPy's sort,
+#: a few microseconds), below it the compiled insertion sort is quicker than the call
+_PRESORT = 32
+_NATURAL = np.empty(0, dtype=np.int64)
+
+
+def aliased_leaves(xaddr, gaddr, nbytes, owner, alo, ahi, out) -> int:
+    """The trees' general path, in one compiled call: ``out[k] = True`` where gradient ``k`` (at ``gaddr[k]``,
     ``nbytes[k]`` bytes; 0: not stepped) overlaps a parameter the kernels write (``xaddr``, same sizes) other
     than its own (``owner``: equal owners are the same leaf) or a state arena ``[alo, ahi)``. Returns the
     number of such gradients."""
-    n = xaddr.shape[0]
-    act = gaddr != 0
-    W = sorted_intervals(np.concatenate((xaddr[act], alo)), np.concatenate((xaddr[act] + nbytes[act], ahi)),
-                         np.concatenate((owner[act], np.full(alo.shape[0], -1, dtype=np.int64))))
-    m = W.shape[0]
+    perm = np.argsort(xaddr, kind="stable") if len(xaddr) > _PRESORT else _NATURAL
+    W = np.empty((len(xaddr) + len(alo), 4), dtype=np.int64)
+    return _aliased(xaddr, gaddr, nbytes, owner, alo, ahi, out, W, perm)
+
+
+@njit(cache=True, error_model="numpy", **NO_NRT)
+def _aliased(xaddr, gaddr, nbytes, owner, alo, ahi, out, W, perm):
+    """:func:`aliased_leaves` in the scratch rows ``W``, the parameters' intervals inserted in the order
+    ``perm`` (empty: index order). Loops only, no NumPy functions and no allocation: it compiles in a fraction
+    of a second, where ``np.argsort``, ``np.concatenate`` and boolean masks took 2.5-3 s (docs/performance.md)."""
+    n, na = xaddr.shape[0], alo.shape[0]
+    m = 0
+    for q in range(n + na):  # insertion by start: the rows (lo, hi, -, owner), the running max after
+        if q < n:
+            k = perm[q] if perm.shape[0] else q
+            lo, hi, ow = xaddr[k], xaddr[k] + nbytes[k], owner[k]
+            if gaddr[k] == 0:
+                continue
+        else:
+            lo, hi, ow = alo[q - n], ahi[q - n], np.int64(-1)
+        if hi <= lo:
+            continue
+        r = m
+        while r > 0 and W[r - 1, 0] > lo:
+            W[r, 0], W[r, 1], W[r, 3] = W[r - 1, 0], W[r - 1, 1], W[r - 1, 3]
+            r -= 1
+        W[r, 0], W[r, 1], W[r, 3] = lo, hi, ow
+        m += 1
+    top = np.int64(0)
+    for r in range(m):
+        top = max(top, W[r, 1])
+        W[r, 2] = top
     bad = 0
     for k in range(n):
         out[k] = gaddr[k] != 0 and hits(W, gaddr[k], gaddr[k] + nbytes[k], owner[k], 0, m)

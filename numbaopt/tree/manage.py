@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 from ..backends.cuda.group import DeviceGroup
 from ..backends.state import Leaf, enter, in_use, leave
+from .collect import collect
 from .fastpath import FastPlan
 from .groups import TreeLeaf
 from .state import StateNode, StateTree, core, part
@@ -67,9 +68,17 @@ def update_tree_(state: StateTree, model: M, grads: Any) -> tuple[StateTree, M]:
         fp = c.fast
         if fp is not None and fp.run(c, model, grads):
             return state, model
+        collected = None
         if fp is not None:  # off the fast path (a miss): are the model and the gradients swapped?
             check_swapped(model, grads, "update_", fp)
-        _, out, (xu, iu) = step_tree(c, model, grads, True)
+        else:  # no plan yet (a first step): plan from the leaves and step through it where it applies, so
+            # that every step of a plain tree, the first too, takes one path and compiles its helpers once
+            collected = collect(c, model, grads)
+            fp = FastPlan.build(c, collected[0], collected[1])
+            if fp is not None and fp.run(c, model, grads):
+                c.fast = fp
+                return state, model
+        _, out, (xu, iu) = step_tree(c, model, grads, True, collected)
         c.fast = FastPlan.build(c, xu, iu, fp)  # the next step of this model can take the fast path
         return state, out
     finally:

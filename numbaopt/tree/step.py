@@ -67,7 +67,11 @@ class Run:
         f = self.fused
         if f is None:
             mod = self.grp.mod
-            f = self.fused = (mod.multi if self.out is None else mod.multi_out, self.args(False) + (self.P,))
+            if not self.grp.layout.reducers:  # nothing to reduce: the element pass alone (status 0), and the
+                # fused wrapper is never compiled (linking it re-optimises the pass: 0.2-1 s a chain, cold)
+                f = self.fused = (mod.apply if self.out is None else mod.apply_out, self.args(False))
+            else:
+                f = self.fused = (mod.multi if self.out is None else mod.multi_out, self.args(False) + (self.P,))
         return f
 
     def args(self, reduce: bool) -> tuple:
