@@ -178,47 +178,66 @@ state = no.setup(no.Adam(), x)
 state, x = no.update_(state, x, np.ones(16, dtype=np.float32))
 """
 
+#: the tree case of benchmarks/first_step.py (docs/performance.md, "Fast to the first step"): a dict of two
+#: float32 leaves, update_, update_ (the fast path), then the pure update
+_FIRST_TREE_STEPS = """
+import numpy as np
+import numbaopt as no
+m = {"W": np.ones((64, 32), np.float32), "b": np.zeros(32, np.float32)}
+g = {"W": np.full((64, 32), 0.5, np.float32), "b": np.full(32, 0.5, np.float32)}
+state = no.setup(no.Adam(1e-3), m)
+state, m = no.update_(state, m, g)
+state, m = no.update_(state, m, g)
+no.update(state, m, g)
+"""
+
 
 def _child_setup(cache_dir):
     """Code run (untimed) in the fresh process before the timed first step."""
     # the fresh process imports the numbaopt this one measures (the commit asv installed, or the checkout)
     lines = ["import os, sys", f"sys.path.insert(0, {os.path.dirname(os.path.dirname(no.__file__))!r})"]
-    if cache_dir is None:  # cold: a new empty kernel cache, removed when the process exits
+    if cache_dir is None:  # cold: a new empty kernel cache (numbaopt's and Numba's), removed at exit
         lines += ["import atexit, shutil, tempfile",
                   "d = tempfile.mkdtemp(prefix='numbaopt-cold-')",
                   "atexit.register(shutil.rmtree, d, True)",
-                  "os.environ['NUMBAOPT_CACHE_DIR'] = d"]
+                  "os.environ['NUMBAOPT_CACHE_DIR'] = os.environ['NUMBA_CACHE_DIR'] = d"]
     else:
-        lines.append(f"os.environ['NUMBAOPT_CACHE_DIR'] = {cache_dir!r}")
+        lines.append(f"os.environ['NUMBAOPT_CACHE_DIR'] = os.environ['NUMBA_CACHE_DIR'] = {cache_dir!r}")
     return "\n".join(lines)
 
 
 class FirstCall:
-    """A fresh Python process from ``import numbaopt`` to the end of its first Adam step.
+    """A fresh Python process from ``import numbaopt`` to the end of its first Adam step(s): one array's
+    first ``update_``, or a two-leaf tree's ``update_``, ``update_``, ``update``.
 
-    "warm": the kernel cache holds the compiled kernel (every run after the first);
-    "cold": an empty cache directory (``NUMBAOPT_CACHE_DIR``), so the kernel is generated and compiled.
+    "warm": the kernel cache holds the compiled kernels (every run after the first);
+    "cold": an empty cache directory (``NUMBAOPT_CACHE_DIR`` and ``NUMBA_CACHE_DIR``), so every kernel, the
+    library's helpers too, is generated and compiled.
     """
 
-    params = ["warm cache", "cold cache"]
-    param_names = ["cache"]
+    params = (["warm cache", "cold cache"], ["one array", "tree"])
+    param_names = ["cache", "case"]
     number = 1
-    repeat = (1, 5, 30.0)
+    repeat = (1, 5, 60.0)
     warmup_time = 0
     processes = 1
     timeout = 300
 
-    def setup(self, cache):
+    def setup(self, cache, case):
         self.dir = None
         if cache == "warm cache":
             self.dir = tempfile.mkdtemp(prefix="numbaopt-warm-")
-            env = dict(os.environ, NUMBAOPT_CACHE_DIR=self.dir)
-            subprocess.run([sys.executable, "-c", _child_setup(self.dir) + "\n" + _FIRST_STEP],
+            env = dict(os.environ, NUMBAOPT_CACHE_DIR=self.dir, NUMBA_CACHE_DIR=self.dir)
+            subprocess.run([sys.executable, "-c", _child_setup(self.dir) + "\n" + self._code(case)],
                            check=True, env=env)
 
-    def teardown(self, cache):
+    def teardown(self, cache, case):
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
-    def timeraw_first_step(self, cache):
-        return _FIRST_STEP, _child_setup(self.dir)
+    @staticmethod
+    def _code(case):
+        return _FIRST_STEP if case == "one array" else _FIRST_TREE_STEPS
+
+    def timeraw_first_step(self, cache, case):
+        return self._code(case), _child_setup(self.dir)
