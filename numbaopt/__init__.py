@@ -9,15 +9,18 @@ The package in layers (each imports only from those before it): :mod:`.schedules
 definition mechanism, chains, stages, the built-in rules), :mod:`.compiler` (kernel generation and cache),
 :mod:`.backends` (one array's state, CPU and CUDA execution), :mod:`.tree` (nested models and their state,
 the transactional step), :mod:`.api`, then :mod:`.loops`, :mod:`.persist` and :mod:`.docs`.
+``import numbaopt`` leaves :mod:`.loops`, :mod:`.persist`, :mod:`.mpi` and :mod:`.quantum` to the first use of
+one of their names (``numbaopt.save``, ``numbaopt.mpi``, ...).
 """
-from . import mpi, quantum, schedules
+import typing as _typing
+
+from . import schedules
+from .ahead import precompile
 from .api import (Grad, HyperValue, JitStep, Model, RuleChooser, RuleLike, State, adjust, adjust_, jit_step, setup,
                   update, update_)
 from .backends.cpu import parallel_threshold, set_parallel_threshold
 from .backends.cuda import DeviceGroup, DeviceLeaf, DeviceMember, cuda_available, is_device_array, setup_device_group
 from .backends.state import Leaf, StateInUseError
-from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
-from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
 from .evaluation import eval_params
 from .plateau import ReduceOnPlateau
 from .rules import (ADOPT, EMA, AccumGrad, AdaBelief, AdaDelta, AdaGrad, AdaMax, Adam, AdamW, Adan, AdEMAMix, AMSGrad,
@@ -34,12 +37,27 @@ from .schedules import (Schedule, ademamix_alpha, ademamix_beta3, constant, cosi
 from .tree import (ParamInfo, Path, PathEntry, StateNode, StateTree, TreeLeaf, destructure, freeze_, not_trainable,
                    param_info, register_container, thaw_, trainables)
 
+if _typing.TYPE_CHECKING:  # loaded on first use (``__getattr__`` below); imported here for type checkers
+    from . import mpi, quantum
+    from .loops import SPSA, BatchResult, OptimizeResult, minimize, minimize_batch
+    from .persist import CheckpointError, DeviceUnavailable, load, load_state_dict, save, state_dict
+
+#: the public names loaded on first use, and the module each comes from (a name that is a module's own is that
+#: submodule): ``import numbaopt`` imports no compiled loops, persistence, MPI or quantum code
+_LAZY = {
+    **dict.fromkeys(("minimize", "minimize_batch", "SPSA", "OptimizeResult", "BatchResult"), "loops"),
+    **dict.fromkeys(("save", "load", "state_dict", "load_state_dict", "CheckpointError", "DeviceUnavailable"),
+                    "persist"),
+    "mpi": "mpi",
+    "quantum": "quantum",
+}
+
 __version__ = "0.1.0"
 
 __all__ = [
     # the step API
     "setup", "update", "update_", "adjust", "adjust_", "jit_step", "JitStep", "Leaf", "StateInUseError",
-    "parallel_threshold", "set_parallel_threshold",
+    "parallel_threshold", "set_parallel_threshold", "precompile",
     # the types of the API (for annotations; docs/architecture.md, "Typing")
     "State", "Model", "Grad", "RuleLike", "RuleChooser", "HyperValue",
     # defining and composing rules
@@ -71,3 +89,20 @@ __all__ = [
     # the GPU (optional: numbaopt[cuda])
     "DeviceLeaf", "DeviceGroup", "DeviceMember", "setup_device_group", "is_device_array", "cuda_available",
 ]
+
+
+if not _typing.TYPE_CHECKING:  # type checkers see the imports above instead, and still flag unknown names
+    def __getattr__(name: str):
+        """The names of ``_LAZY``, imported on first access (then bound here: later accesses cost nothing)."""
+        sub = _LAZY.get(name)
+        if sub is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
+        module = importlib.import_module(f"{__name__}.{sub}")
+        value = module if sub == name else getattr(module, name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))

@@ -121,3 +121,32 @@ def test_every_module_imports_alone_and_the_package_needs_no_extras():
                          check=True).stdout.splitlines()
     assert out[0] == "[]", out[0]
     assert out[1] == "[]", out[1]
+
+
+def test_import_numbaopt_loads_the_optional_parts_on_first_use():
+    """``import numbaopt`` imports no compiled loops, persistence, MPI, quantum or docs code, and nothing
+    (scipy included) beyond what numba imports itself; ``numbaopt.save``, ``numbaopt.mpi``, ``numbaopt.quantum``
+    and the other lazy names then load on first access, as attributes and through ``from numbaopt import``."""
+    code = ("import sys\n"
+            "import numba\n"
+            "before = set(sys.modules)\n"
+            "import numbaopt as no\n"
+            "lazy = ('numbaopt.mpi', 'numbaopt.quantum', 'numbaopt.persist', 'numbaopt.loops', 'numbaopt.docs',\n"
+            "        'mpi4py', 'scipy', 'torch', 'jax', 'matplotlib', 'pennylane', 'tqdm', 'numba.cuda')\n"
+            "new = set(sys.modules) - before\n"
+            "print(sorted(m for m in new if any(m == n or m.startswith(n + '.') for n in lazy)))\n"
+            "assert set(no.__all__) <= set(dir(no))\n"
+            "assert not hasattr(no, 'no_such_name')\n"
+            "assert no.save is sys.modules['numbaopt.persist'].save\n"
+            "from numbaopt import CheckpointError, load_state_dict, minimize\n"
+            "assert minimize is sys.modules['numbaopt.loops'].minimize and callable(load_state_dict)\n"
+            "assert no.mpi is sys.modules['numbaopt.mpi'] and callable(no.mpi.minimize)\n"
+            "assert no.quantum is sys.modules['numbaopt.quantum'] and callable(no.quantum.minimize_qng)\n"
+            "assert all(hasattr(no, n) for n in no.__all__)\n"
+            "print(sorted(n for n in ('mpi4py', 'torch', 'jax', 'matplotlib', 'pennylane') if n in sys.modules))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout.splitlines()
+    assert out == ["[]", "[]"], out

@@ -3,8 +3,10 @@ generator copies, their arguments and the names their bodies use, and the extra 
 from __future__ import annotations
 
 import ast
+import dis
 import inspect
 import textwrap
+import types
 
 from .ops import STEP_NAMESPACE
 
@@ -33,17 +35,36 @@ def function_source(f) -> str:
 
 def step_args(f) -> list:
     f = getattr(f, "__func__", f)
+    code = getattr(f, "__code__", None)
+    if (type(f) is types.FunctionType and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+            and not hasattr(f, "__wrapped__") and not hasattr(f, "__signature__")):
+        return list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])  # what signature() says, sooner
     return list(inspect.signature(f).parameters)
 
 
-def _free_names(f) -> set:
-    fn = ast.parse(function_source(f)).body[0]
-    args = {a.arg for a in fn.args.args}
-    assigned, used = set(), set()
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Name):
-            (assigned if isinstance(node.ctx, ast.Store) else used).add(node.id)
-    return used - assigned - args
+def _free_names(f, allowed: frozenset = STEP_NAMESPACE) -> set:
+    """The names ``f``'s body reads but neither binds nor takes as arguments (globals, builtins, an enclosing
+    function's variables), less ``allowed``. Read from the bytecode, not the source: this runs for every rule
+    class, the built-in ones at ``import numbaopt``, and parsing their source took most of that import."""
+    f = inspect.unwrap(getattr(f, "__func__", f))  # the function whose source the generator copies
+    code = getattr(f, "__code__", None)
+    if code is None:  # not a Python function: read its source
+        fn = ast.parse(function_source(f)).body[0]
+        args = {a.arg for a in fn.args.args}
+        assigned, used = set(), set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name):
+                (assigned if isinstance(node.ctx, ast.Store) else used).add(node.id)
+        return used - assigned - args - allowed
+    free = set(code.co_freevars) - allowed
+    codes = [code]
+    while codes:
+        c = codes.pop()
+        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]  # comprehensions, lambdas
+        if not set(c.co_names) - allowed:  # co_names: every global read, and attribute names
+            continue
+        free |= {i.argval for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")} - allowed
+    return free
 
 
 def check_definition(cls):
@@ -80,7 +101,7 @@ def check_definition(cls):
         if bad:
             raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; "
                             f"expected names among {sorted(known)}")
-        free = _free_names(f) - STEP_NAMESPACE
+        free = _free_names(f)
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see; "
                             f"a step may use its arguments and {sorted(STEP_NAMESPACE)}")
@@ -118,7 +139,7 @@ def check_definition(cls):
         if bad:
             raise TypeError(f"{cls.__name__}.{fname}: unknown argument(s) {bad}; expected hyperparameter or "
                             f"option names among {sorted(hyper_like)}")
-        free = _free_names(f) - STEP_NAMESPACE
+        free = _free_names(f)
         if free:
             raise TypeError(f"{cls.__name__}.{fname} uses {sorted(free)}, which generated code cannot see")
 
@@ -200,6 +221,6 @@ def _check_matrix(cls, axes):
         ok = set(cls._hypers) | set(cls._options)
         if not args or any(a not in ok for a in args[1:]):
             raise TypeError(f"{name}.matrix takes (U, <hyperparameter or option names>), got {args}")
-        free = _free_names(f) - STEP_NAMESPACE - {"range", "len"}  # array code loops
+        free = _free_names(f, STEP_NAMESPACE | {"range", "len"})  # array code loops
         if free:
             raise TypeError(f"{name}.matrix uses {sorted(free)}, which generated code cannot see")

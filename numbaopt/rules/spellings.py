@@ -7,8 +7,6 @@ Nothing is accepted silently: a foreign keyword is always an error, one that say
 """
 from __future__ import annotations
 
-import difflib
-
 __all__ = ["FOREIGN", "unknown_keyword_message"]
 
 
@@ -200,6 +198,7 @@ def unknown_keyword_message(cls, kwargs: dict, unknown) -> str:
         hint_of = FOREIGN.get(name)
         hint = hint_of(cls, kwargs[name]) if hint_of is not None else None
         if hint is None:
+            import difflib  # only for a mistake: not at import
             close = difflib.get_close_matches(name, valid, n=3, cutoff=0.6)
             hint = (f"did you mean {' or '.join(repr(c) for c in close)}? " if close else "") + \
                 f"valid: {', '.join(valid) or '(none)'}"
