@@ -17,6 +17,7 @@ from .backends.cuda import DeviceGroup, DeviceLeaf, is_device_array, setup_leaf
 from .backends.state import Leaf, adjusted_rule, as_rule, check_param_dtype, enter, in_use, leave, status_error
 from .compiler import ChainLayout
 from .compiler.layout import ALIASED
+from .compiler.notice import register as register_public
 from .compiler.placement import PAGE
 from .rules.base import Rule
 from .rules.chain import Chain
@@ -328,3 +329,9 @@ class JitStep:
 def jit_step(rule: RuleLike, x: ArrayLike) -> JitStep:
     """``step, state, hp = jit_step(rule, x)``: see :class:`JitStep`."""
     return JitStep(rule, x)
+
+
+# the compile notice (numbaopt.compiler.notice) charges compilation to the outermost of these on the stack;
+# nothing wraps them: their code objects are looked up only when Numba starts compiling
+register_public(setup, update, update_, adjust, adjust_, jit_step)
+register_public(JitStep.__init__, name="jit_step")

@@ -37,11 +37,12 @@ def set_parallel_threshold(n: int) -> int:
     return old
 
 
-def run_inplace(leaf: Leaf, x1, g1, hp=None) -> int:
+def run_inplace(leaf: Leaf, x1, g1, hp=None, par=None) -> int:
     """One step on flat contiguous ``x1`` (written) and ``g1``; state and counters written in place.
-    A gradient overlapping ``x1`` or the state (a shifted view of the parameter) is copied first."""
+    A gradient overlapping ``x1`` or the state (a shifted view of the parameter) is copied first.
+    ``par``: the threaded kernel (True) or the serial one (False); None: by the parallel threshold."""
     k = leaf.kernels()
-    f = k.inplace_par if x1.shape[0] >= _threshold[0] else k.inplace
+    f = k.inplace_par if (x1.shape[0] >= _threshold[0] if par is None else par) else k.inplace
     hp = leaf.hp if hp is None else hp
     status = f(x1, g1, *leaf.arrays, hp, leaf.counters)
     if status == ALIASED:  # the kernel checked before touching anything: step on a copy
@@ -49,11 +50,11 @@ def run_inplace(leaf: Leaf, x1, g1, hp=None) -> int:
     return status
 
 
-def run_outplace(leaf: Leaf, x1, g1, xo, so, counters, hp=None) -> int:
+def run_outplace(leaf: Leaf, x1, g1, xo, so, counters, hp=None, par=None) -> int:
     """One step reading ``x1``, ``g1`` and ``leaf.arrays``; writing ``xo``, the arrays ``so`` and ``counters``
-    (a gradient overlapping what is written is copied first)."""
+    (a gradient overlapping what is written is copied first). ``par``: see :func:`run_inplace`."""
     k = leaf.kernels()
-    f = k.outplace_par if x1.shape[0] >= _threshold[0] else k.outplace
+    f = k.outplace_par if (x1.shape[0] >= _threshold[0] if par is None else par) else k.outplace
     hp = leaf.hp if hp is None else hp
     status = f(x1, g1, *leaf.arrays, hp, counters, xo, *so)
     if status == ALIASED:
@@ -77,7 +78,9 @@ def bind_inplace(leaf: Leaf):
         try:  # compile (or load from the disk cache) only what this size runs
             from numba import from_dtype, typeof, types
             xt = types.Array(from_dtype(leaf.dtype), 1, "C")
-            ser = ser.compile((xt, xt) + tuple(typeof(s) for s in a) + (typeof(hp), typeof(C)))
+            sig = (xt, xt) + tuple(typeof(s) for s in a) + (typeof(hp), typeof(C))
+            got = ser.overloads.get(sig)  # made already (numbaopt.precompile): no trip through the compiler lock
+            ser = got.entry_point if got is not None else ser.compile(sig)
         except Exception:  # no compiled code to bind (e.g. NUMBA_DISABLE_JIT): the dispatcher decides
             ser = k.inplace
     # the threshold is read at every call: set_parallel_threshold applies to bound states too
@@ -113,13 +116,14 @@ def _result(x, new_flat):
     return out if x.flags.writeable else new_readonly(out)
 
 
-def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g")):
+def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g"), par=None):
     """One step of ``leaf`` on the array ``x`` with gradient ``g``: ``(state, x)``.
 
     In place: the state is written; ``x`` too when it is writeable (a strided view is stepped through a
     contiguous copy written back), else a new read-only array is returned. Pure: a new state and a new
     parameter array, the inputs untouched. A ``None`` gradient skips the step (pure: a copy of the state).
-    Anything refused raises before the first write.
+    Anything refused raises before the first write. ``par``: the threaded kernels (True), the serial ones
+    (False), or by the parallel threshold (None).
     """
     _check_x(leaf, x, where[0])
     if g is None:
@@ -137,7 +141,7 @@ def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g")):
         xo = pool.empty(leaf.size, leaf.dtype)
         out = [pool.empty_like(a) for a in leaf.arrays]
         counters = leaf.counters.copy()
-        status = run_outplace(leaf, x1, g1, xo, out, counters, hp)
+        status = run_outplace(leaf, x1, g1, xo, out, counters, hp, par)
         if status >= 2:
             raise status_error(leaf.rule, status, where[1])
         new = leaf.derive(out, counters, master=xo if master is not None else None)
@@ -145,7 +149,7 @@ def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g")):
             new.hp[:] = hp
         return new, _result(x, xo.astype(leaf.param_dtype) if master is not None else xo)
     if master is not None:
-        status = run_inplace(leaf, master, g1, hp)
+        status = run_inplace(leaf, master, g1, hp, par)
         if status >= 2:
             raise status_error(leaf.rule, status, where[1])
         leaf.hp[:] = hp
@@ -156,16 +160,16 @@ def step_array(leaf: Leaf, x, g, inplace: bool, where=("x", "g")):
                 x = new_readonly(master.astype(leaf.param_dtype).reshape(x.shape))
         return leaf, x
     if x.flags.writeable and x.flags.c_contiguous:
-        status = run_inplace(leaf, x.reshape(-1), g1, hp)
+        status = run_inplace(leaf, x.reshape(-1), g1, hp, par)
     elif x.flags.writeable:
         tmp = np.ascontiguousarray(x).reshape(-1)
-        status = run_inplace(leaf, tmp, g1, hp)
+        status = run_inplace(leaf, tmp, g1, hp, par)
         if status == STEPPED:
             x[...] = tmp.reshape(x.shape)  # write through to the base of a strided view
     else:
         x1 = np.ascontiguousarray(x).reshape(-1)
         xo = np.empty_like(x1)
-        status = run_outplace(leaf, x1, g1, xo, leaf.arrays, leaf.counters, hp)  # the state in place
+        status = run_outplace(leaf, x1, g1, xo, leaf.arrays, leaf.counters, hp, par)  # the state in place
         if status < 2:
             x = new_readonly(xo.reshape(x.shape))
     if status >= 2:

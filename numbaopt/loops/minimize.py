@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compiler.notice import register as register_public
 from .drivers import CALLBACK, FTOL, GTOL, MAXITER, REASONS, RULE_ERROR, RUNNING, TARGET, driver_module
 from .problem import DEFAULT_GTOL, Problem, count, loss_value
 from .results import BatchResult, OptimizeResult
@@ -288,3 +289,6 @@ def batch_result(p, live):
                        history=p.H[:, :width].copy() if p.keep else None, grad_norm=p.F[:, 2].copy(),
                        t=p.I[:, 1].copy(),
                        skipped=p.I[:, 2].copy(), state=p.S)
+
+
+register_public(minimize, minimize_batch)  # the compile notice charges their compilation to them
