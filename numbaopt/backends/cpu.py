@@ -52,10 +52,22 @@ def run_inplace(leaf: Leaf, x1, g1, hp=None, par=None) -> int:
 
 def run_outplace(leaf: Leaf, x1, g1, xo, so, counters, hp=None, par=None) -> int:
     """One step reading ``x1``, ``g1`` and ``leaf.arrays``; writing ``xo``, the arrays ``so`` and ``counters``
-    (a gradient overlapping what is written is copied first). ``par``: see :func:`run_inplace`."""
+    (a gradient overlapping what is written is copied first). ``par``: see :func:`run_inplace`. A chain whose
+    ``layout.pure_by_copy`` copies ``x1`` and the state into ``xo`` and ``so`` and steps those in place."""
     k = leaf.kernels()
-    f = k.outplace_par if (x1.shape[0] >= _threshold[0] if par is None else par) else k.outplace
+    par = x1.shape[0] >= _threshold[0] if par is None else par
     hp = leaf.hp if hp is None else hp
+    if leaf.layout.pure_by_copy:  # the in-place kernel on copies (ChainLayout.pure_by_copy)
+        xo[:] = x1
+        for o, a in zip(so, leaf.arrays):
+            if o is not a:
+                o[:] = a
+        f = k.inplace_par if par else k.inplace
+        status = f(xo, g1, *so, hp, counters)
+        if status == ALIASED:  # only the state stepped in place can overlap the gradient
+            status = f(xo, g1.copy(), *so, hp, counters)
+        return status
+    f = k.outplace_par if par else k.outplace
     status = f(x1, g1, *leaf.arrays, hp, counters, xo, *so)
     if status == ALIASED:
         status = f(x1, g1.copy(), *leaf.arrays, hp, counters, xo, *so)

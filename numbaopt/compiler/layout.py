@@ -108,6 +108,11 @@ class ChainLayout:
         #: the axis-reduction members, and the layout of a geometry row (see :meth:`geometry_rows`)
         self.axis_rules = [i for i, r in enumerate(self.rules) if type(r).axes]
         self.geo_len = GEO * len(self.axis_rules) + 2 * self.n_unit
+        #: a pure step runs the in-place kernels on copies of the parameters and the state (axis members): their
+        #: out-of-place kernels would compile for as long again (seconds a chain) for a pass that is not
+        #: memory-bound (per-unit reductions, state of rows + columns), so the copies cost little; in place and
+        #: pure then agree bit for bit by construction
+        self.pure_by_copy = bool(self.axis_rules)
         stages = [type(r).stage for r in self.rules]
         #: index of the AccumGrad member, or None
         self.accum = stages.index("accumulate") if "accumulate" in stages else None

@@ -49,7 +49,7 @@ class Run:
     ``xaddr``/``gaddr``/``xoaddr`` (per leaf, 0 where not stepped), ``hp``, the scratch tables ``F``/``P``,
     ``out`` = (new arenas, new counters) of a pure step, ``checked`` once its reductions ran."""
 
-    __slots__ = ("grp", "act", "xaddr", "gaddr", "xoaddr", "hp", "F", "P", "out", "checked", "fused")
+    __slots__ = ("grp", "act", "xaddr", "gaddr", "xoaddr", "hp", "F", "P", "out", "checked", "fused", "fresh")
 
     def __init__(self, grp, act, xaddr, gaddr, hp, F=None, P=None, xoaddr=None, out=None):
         self.grp, self.act, self.xaddr, self.gaddr, self.hp = grp, act, xaddr, gaddr, hp
@@ -57,6 +57,7 @@ class Run:
         self.P = grp.P if P is None else P
         self.xoaddr, self.out, self.checked = xoaddr, out, False
         self.fused = None  # (kernel, arguments) of the one-call commit, made on first use
+        self.fresh = False  # a pure step's new group, stepped in place (ChainLayout.pure_by_copy)
 
     def set_hp(self, hp) -> None:
         """New hyperparameters for this run (a schedule's values of the next step)."""
@@ -147,11 +148,13 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
         xaddr, gaddr = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         xaddr[js], gaddr[js] = addresses(targets), addresses(grads)
     xoaddr = out = None
+    target = grp  # the group the runs step: a pure step by copy steps the new group in place
     if not inplace:
+        by_copy = grp.layout.pure_by_copy  # the in-place kernels on copies (ChainLayout.pure_by_copy)
         outs = []
         new_masters = list(masters)
         shapes = c.structure.u_shape
-        for j in active:
+        for j, t_ in zip(active, targets):
             u = members[j]
             if masters[j] is not None:
                 xo = new_masters[j] = pool.empty(grp.sizes[j], dt)
@@ -159,6 +162,8 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
             else:
                 xo = pool.empty(shapes[u], dt)
                 posts.append(("new", u, j, xu[u], iu[u], xo, None))
+            if by_copy:
+                xo.reshape(-1)[:] = t_.reshape(-1)
             outs.append(xo)
         for j, m in enumerate(new_masters):
             if m is not None and m is masters[j]:
@@ -168,9 +173,16 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
         else:
             xoaddr = np.zeros(n, dtype=np.int64)
             xoaddr[js] = addresses(outs)
-        new = grp.derive([pool.empty_like(a) for a in grp.arenas], grp.C.copy(), new_masters)
+        arenas = [pool.empty_like(a) for a in grp.arenas]
+        if by_copy:
+            for a, b in zip(grp.arenas, arenas):
+                b[...] = a
+        new = grp.derive(arenas, grp.C.copy(), new_masters)
         news.append(new)
-        out = (new.arenas, new.C)
+        if by_copy:
+            target, xaddr, xoaddr = new, xoaddr, None
+        else:
+            out = (new.arenas, new.C)
     # alive until the kernels ran: the addresses point into them; by leaf j (None: not stepped)
     keep = [None] * n
     for j, t_, g_ in zip(active, targets, grads):
@@ -202,7 +214,9 @@ def _runs_of(c, grp, xu, iu, gu, inplace, posts, news):
         F = P = None
         if k:  # several runs of one group: each its own scratch tables
             F, P = np.zeros_like(grp.F), np.zeros_like(grp.P)
-        runs.append(Run(grp, act, xaddr, gaddr, hp, F, P, xoaddr, out))
+        run = Run(target, act, xaddr, gaddr, hp, F, P, xoaddr, out)
+        run.fresh = target is not grp
+        runs.append(run)
     return runs, keep
 
 
@@ -367,7 +381,7 @@ def execute(s, order: Order, devices=()) -> None:
 def _keep_hp(runs):
     """A schedule's values of this step into the groups stepped in place, as their leaf views show them."""
     for run in runs:
-        if run.out is None and run.hp is not run.grp.hp:
+        if run.out is None and not run.fresh and run.hp is not run.grp.hp:
             run.grp.hp[:] = run.hp
 
 
