@@ -24,8 +24,8 @@ it entirely (another call handles it); ``F``/``P`` = per-leaf finals and partial
 * ``reductions(...) -> status``: every reduction of the chain over one group, no writes;
 * ``apply(...)`` / ``apply_out(xaddr, gaddr, xoaddr, sizes, offsets, *A, *B, hp, C, act, F)``: the element
   pass with the finals in ``F``, writing in place / into the new arenas ``B`` and new parameters;
-* ``multi`` / ``multi_out``: ``reductions`` then ``apply`` in ONE call, their code written into it (a step that
-  nothing else can refuse; a chain without reductions calls ``apply``/``apply_out`` directly).
+* ``multi`` / ``multi_out``: ``reductions`` then ``apply``'s code in ONE call (a step that nothing else can
+  refuse; a chain without reductions calls ``apply``/``apply_out`` directly).
 
 Reduction passes accumulate in float64, in :data:`LANES` partial sums combined in a fixed order; they are
 serial in every kernel, so threaded and serial kernels give the same bits. Every reduction of a call runs
@@ -422,21 +422,25 @@ def _apply(layout, outplace: bool) -> list:
 
 
 def _fused(layout, outplace: bool) -> list:
-    """``multi``/``multi_out``: the reductions, then the element pass, in one call. Their bodies are written
-    into it rather than called: a compiled call links the callee's code into the caller, and Numba then
-    optimises the linked whole again (as much as the callee's own optimisation, 0.3-2 s a chain cold). A
-    single-group step compiles this alone; ``reductions``/``apply`` compile only where a step calls them
-    separately (reductions across groups)."""
+    """``multi``/``multi_out``: the reductions, then the element pass, in one call. The element pass's code is
+    written into it rather than called: a compiled call links the callee's code into the caller, and Numba then
+    optimises the linked whole again (as long as the callee's own optimisation: 0.2-2 s a chain, cold). The
+    reductions are called: compiled once, shared by ``multi`` and ``multi_out`` (written into both, their
+    front end would compile twice). ``apply``/``apply_out`` compile only where a step calls them on their own
+    (reductions across groups), and a chain without reductions calls them instead of this."""
     B = array_names(layout, "B")
     A = array_names(layout, "A")
     if outplace:
         params = ["xaddr", "gaddr", "xoaddr", "sizes", "offsets"] + A + B + ["hp", "C", "act", "F", "P"]
     else:
         params = ["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"]
+    red = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
     L = ["@njit(cache=True, **_NJ)", f"def {'multi_out' if outplace else 'multi'}({', '.join(params)}):"]
-    red, app = _reductions(layout), _apply(layout, outplace)
-    assert red[-1] == "    return 0" and red[1].startswith("def ") and app[1].startswith("def ")
-    return L + red[2:-1] + app[2:]
+    if layout.reducers:
+        L += [f"    status = reductions({red})", "    if status != 0:", "        return status"]
+    app = _apply(layout, outplace)
+    assert app[1].startswith("def ")
+    return L + app[2:]
 
 
 # --------------------------------------------------------------------------------------------------
