@@ -3,8 +3,9 @@
 process that finds the first one's cache; times include process start and the imports. Beside them, in the
 same run, the floor: a process that only imports numpy and numba. One thread (``NUMBA_NUM_THREADS=1``).
 
-Each case also reports numba's compile events (seconds spent compiling, ``numba:compile``) per phase, so a
-call that compiles what an earlier call already needed shows up as a non-zero "then compiles" column.
+Each phase is reported with its own time, the time from spawning the process to its end, and the seconds numba's
+compile events (``numba:compile``) covered in it: a call that compiles what an earlier call already needed shows
+up as compiling time in a later phase.
 
     python benchmarks/first_step.py [--runs 3] [--cases adam_tree,clip_adamw,...] [--json out.json]
 
@@ -25,7 +26,7 @@ import time
 # The body of every case: `phases` is a list of (name, callable); each callable is one first use. The
 # harness around it times the import, each phase, and the compile events inside each phase.
 PRELUDE = r"""
-import json, sys, time
+import json, os, sys, time
 t0 = time.perf_counter()
 import numpy as np
 import numbaopt as no
@@ -52,7 +53,7 @@ for name, f in phases:
     box[0] = 0.0
     a = time.perf_counter()
     f()
-    out["phases"].append([name, time.perf_counter() - a, box[0]])
+    out["phases"].append([name, time.perf_counter() - a, box[0], time.time() - float(os.environ["SPAWNED_AT"])])
 print("RESULT " + json.dumps(out))
 """
 
@@ -100,7 +101,8 @@ phases = [("update_ small", lambda: no.update_(s1, small, small)),
 
 
 def run_case(body: str, cache: str) -> dict:
-    env = dict(os.environ, NUMBAOPT_CACHE_DIR=cache, NUMBA_CACHE_DIR=cache, NUMBA_NUM_THREADS="1")
+    env = dict(os.environ, NUMBAOPT_CACHE_DIR=cache, NUMBA_CACHE_DIR=cache, NUMBA_NUM_THREADS="1",
+               SPAWNED_AT=repr(time.time()))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", PRELUDE + body + POSTLUDE], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -135,13 +137,15 @@ def summarise(name: str, res: dict) -> str:
     parts = [f"{name:12s} cold {_med([r['wall'] for r in cold]):6.2f} s (range {min(r['wall'] for r in cold):.2f}-"
              f"{max(r['wall'] for r in cold):.2f})  warm {_med([r['wall'] for r in warm]):5.2f} s  "
              f"import {_med([r['import'] for r in cold]):.3f} s"]
-    for i, (phase, _, _) in enumerate(cold[0]["phases"]):
+    for i, phase in enumerate(p[0] for p in cold[0]["phases"]):
         ct = _med([r["phases"][i][1] for r in cold])
         cc = _med([r["phases"][i][2] for r in cold])
         wt = _med([r["phases"][i][1] for r in warm])
         wc = _med([r["phases"][i][2] for r in warm])
-        parts.append(f"    {phase:14s} cold {ct:6.3f} s (compiling {cc:6.3f} s)   "
-                     f"warm {wt:6.3f} s (compiling {wc:.3f} s)")
+        cs = _med([r["phases"][i][3] for r in cold])
+        ws = _med([r["phases"][i][3] for r in warm])
+        parts.append(f"    {phase:14s} cold {ct:6.3f} s (compiling {cc:6.3f} s; {cs:5.2f} s from spawn)   "
+                     f"warm {wt:6.3f} s (compiling {wc:.3f} s; {ws:5.2f} s from spawn)")
     return "\n".join(parts)
 
 
