@@ -21,8 +21,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# the suite on TEST_WORKERS pytest-xdist processes (tests/conftest.py starts the longest tests first; worksteal
+# hands each worker a contiguous run of the collection, so tests that share kernels mostly share a process, and
+# balances the end); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
+
+# PYTHONDONTWRITEBYTECODE emptied: the suite starts hundreds of Python processes (MPI ranks, the simulator suite,
+# a fresh import per module), each of which would otherwise compile numbaopt's sources again (~0.2 s apiece)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25 tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q $(XDIST) --durations=25 tests
 
 test-cudasim: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q tests/cudasim
@@ -31,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check numbaopt tests benchmarks examples asv_benchmarks
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" tests
 
 # asv (docs/performance.md, "Tracking a regression"). `make bench` runs the suites in .venv, i.e. on the
 # working tree, and saves the results as the current commit's (asv saves nothing from an existing

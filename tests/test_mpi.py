@@ -52,11 +52,38 @@ def _cases(script):
     return out
 
 
+@pytest.fixture(scope="session")
+def shared_dir(request, tmp_path_factory):
+    """Where a script's run is kept for every process of this test run: on a pytest-xdist worker the folder above
+    the worker's own (one per run), so a script runs once whichever workers its cases land on."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(request.config, "workerinput") else base
+
+
 @functools.cache
+def _shared_run(shared_dir, script, n):
+    """``_run(script, n)``, once per test run: the first process to ask runs it, holding a lock that the others
+    wait on, and leaves the outcome for them."""
+    import fcntl
+
+    out = os.path.join(shared_dir, f"mpi-{script[:-3]}-n{n}.json")
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(out):
+            with open(out) as f:
+                return tuple(json.load(f))
+        got = _run(script, n)
+        with open(out + ".tmp", "w") as f:
+            json.dump(got, f)
+        os.replace(out + ".tmp", out)
+        return got
+
+
 def _run(script, n):
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
-    env = dict(os.environ, NUMBAOPT_MPI_RESULTS=path, PYTHONPATH=os.pathsep.join([ROOT, HERE]),
+    # tests/ on the path too: the harness serialises the ranks' compiles (tests/compile_lock.py)
+    env = dict(os.environ, NUMBAOPT_MPI_RESULTS=path, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.path.dirname(HERE)]),
                OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     cmd = [_mpiexec(), "-n", str(n), sys.executable, os.path.join(HERE, script)]
     try:
@@ -78,8 +105,8 @@ PARAMS = [pytest.param(s, name, n, id=f"{s[5:-3]}-{name}-n{n}") for s in _script
 
 @pytest.mark.skipif(WHY is not None, reason=str(WHY))
 @pytest.mark.parametrize("script,name,n", PARAMS)
-def test_mpi(script, name, n):
-    results, log = _run(script, n)
+def test_mpi(script, name, n, shared_dir):
+    results, log = _shared_run(str(shared_dir), script, n)
     assert results is not None, log
     assert name in results, f"case {name!r} did not run at n={n}: {log}"
     got = results[name]

@@ -13,20 +13,21 @@ from numbaopt import mpi as nm
 from numbaopt.loops import CALLBACK, NONFINITE
 
 
-@numba.njit
+# cache=True: each rank (and the n=3 run after the n=2 one) loads what the first compiled, the loops' drivers too
+@numba.njit(cache=True)
 def fg(x, g, A, b):
     r = A @ x - b
     g[:] = A.T @ r
     return 0.5 * (r @ r)
 
 
-@numba.njit
+@numba.njit(cache=True)
 def loss(x, A, b):
     r = A @ x - b
     return 0.5 * (r @ r)
 
 
-@numba.njit
+@numba.njit(cache=True)
 def grad(x, g, A, b):
     g[:] = A.T @ (A @ x - b)
 

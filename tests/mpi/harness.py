@@ -12,6 +12,13 @@ import os
 import sys
 import traceback
 
+try:  # tests/compile_lock.py (tests/test_mpi.py puts tests/ on the path): the ranks compile each kernel once
+    import compile_lock
+except ImportError:
+    pass
+else:
+    compile_lock.install()
+
 _CASES: list = []
 
 
