@@ -1,4 +1,4 @@
-"""The CUDA backend without a GPU: the simulator suite (``tests/cudasim``) in its own process, and the
+"""The CUDA backend without a GPU: the simulator suite (``tests/cudasim``) in processes of its own, and the
 promises that hold without numba-cuda at all (import cost, the install hint, device-array detection)."""
 import os
 import subprocess
@@ -26,11 +26,17 @@ def _python(code, **env):
                           cwd=ROOT, env=e, timeout=300)
 
 
+#: the simulator suite's files, one process each (pytest-xdist runs them side by side)
+SIM_FILES = sorted(f for f in os.listdir(os.path.join(ROOT, "tests", "cudasim"))
+                   if f.startswith("test_") and f.endswith(".py"))
+
+
 @pytest.mark.skipif(not _has_numba_cuda(), reason="numba-cuda (the simulator) is not installed")
-def test_simulator_suite():
+@pytest.mark.parametrize("part", SIM_FILES)
+def test_simulator_suite(part):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                        os.path.join("tests", "cudasim")], capture_output=True, text=True, cwd=ROOT, env=env,
+                        os.path.join("tests", "cudasim", part)], capture_output=True, text=True, cwd=ROOT, env=env,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "failed" not in r.stdout.splitlines()[-1]
