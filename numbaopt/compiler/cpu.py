@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .axes import array_names, axis_phase, geo_loop, geo_reduction, unit_copies, unit_views, unit_writes
-from .elements import (LANES, accumulate, call_args, element_lines, finals_lines, finish_call, identity, load_lines,
-                       pairwise, rule_functions, scalar_loads)
+from .axes import array_names, axis_phase, geo_loop, unit_copies, unit_views, unit_writes
+from .cpu_reduce import (TG, fin_src, has, head, in_leaf, inline_reducers, lane_reduction, reduce_phase, reductions,
+                         split)
+from .elements import LANES, element_lines, finals_lines, finish_call, load_lines, rule_functions, scalar_loads
 from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
 from .intrinsics import NO_NRT
@@ -57,34 +58,6 @@ _KERNEL_OPTIONS = "dict(_NJ, _nrt=False)" if NO_NRT else "_NJ"
 
 # --------------------------------------------------------------------------------------------------
 # pieces
-
-
-def _lane_reduction(layout, r, indent, G="") -> list:
-    """A dry pass over ``g[i], x[i]`` (``i < n``): the chain up to member r (an AccumGrad before it gives
-    the cycle's mean), rule r's contributions summed (or maxed) in float64 into ``acc{r}_{c}``."""
-    if any(q < r for q in layout.axis_rules):  # its elements read their units' finals: the geometry loop
-        return geo_reduction(layout, r, indent, G)
-    ops = reduce_ops(layout.rules[r])
-    L = [f"{indent}acc{r}_{c}_{u} = {identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
-    rargs = call_args(layout, r, "reduce", ["d", "xi"])
-
-    def body(u, ind):
-        out = [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
-        out += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, ind)
-        out.append(f"{ind}{', '.join(f'c{c}' for c in range(len(ops)))}, = reduce_t_{r}({rargs})")
-        out += [f"{ind}{accumulate(f'acc{r}_{c}_{u}', f'c{c}', op)}" for c, op in enumerate(ops)]
-        return out
-
-    bi = indent + "    "
-    L.append(f"{indent}m{r} = n - n % {LANES}")
-    L.append(f"{indent}for i0 in range(0, m{r}, {LANES}):")
-    for u in range(LANES):
-        L.append(f"{bi}i = i0 + {u}")
-        L += body(u, bi)
-    L.append(f"{indent}for i in range(m{r}, n):")
-    L += body(0, bi)
-    L += [f"{indent}acc{r}_{c} = {pairwise([f'acc{r}_{c}_{u}' for u in range(LANES)], op)}" for c, op in enumerate(ops)]
-    return L
 
 
 def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str, G: str = "", flat=False) -> list:
@@ -127,17 +100,6 @@ def _copy_geo(src: str, dst: str, row: str, ind: str) -> list:
     return [f"{ind}for _k in range({src}g.shape[1]):", f"{ind}    {dst}g[{row}, _k] = {src}g[{row}, _k]"]
 
 
-def _split(layout):
-    a = layout.accum
-    pre = [r for r in layout.reducers if a is None or r < a]
-    suf = [r for r in layout.reducers if a is not None and r > a]
-    return pre, suf
-
-
-def _has(layout, r, final) -> bool:
-    return final in type(layout.rules[r]).finals
-
-
 # --------------------------------------------------------------------------------------------------
 # one array
 
@@ -164,19 +126,19 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
         L += [f"    if {' or '.join(f'_aliased(g, {w})' for w in written)}:", f"        return {ALIASED}"]
     L += ["    t = C[0] + 1", "    tp = C[1] + 1"] if counters else ["    tp = t"]
     L += load_lines(layout, "    ", "t", "tp")
-    pre, suf = _split(layout)
+    pre, suf = split(layout)
 
     def reduce(r, ind, on_skip):
         if r in layout.axis_rules:
             return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype", rng)
-        out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + _lane_reduction(layout, r, ind, G)
+        out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + lane_reduction(layout, r, ind, G)
         fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals] + [f"w{r}_{k}" for k in range(layout.n_scalar(r))]
         accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
         accs += [f"np.float64(Su{u}[0])" for u in layout.scalar_units(r)]
         out.append(f"{ind}{', '.join(fins)}, = {finish_call(layout, r, accs)}")
-        if _has(layout, r, "error"):
+        if has(layout, r, "error"):
             out += [f"{ind}if g{r}_error != 0.0:", f"{ind}    return {ERROR_BASE + r}"]
-        if _has(layout, r, "skip"):
+        if has(layout, r, "skip"):
             out += [f"{ind}if g{r}_skip != 0.0:"] + on_skip(ind + "    ")
         out += finals_lines(layout, [r], ind, lambda q, m: f"g{q}_{type(layout.rules[q]).finals[m]}")
         return out
@@ -206,8 +168,8 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
                 L += ["    if not sskip:"] + reduce(r, "        ", lambda ind: [f"{ind}sskip = True"])
             else:
                 L += reduce(r, "    ", lambda ind: [f"{ind}sskip = True"])
-            guard = guard or _has(layout, r, "skip")
-        if any(_has(layout, r, "skip") for r in suf):
+            guard = guard or has(layout, r, "skip")
+        if any(has(layout, r, "skip") for r in suf):
             L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ") + keep_geo("        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
     L += _loop(layout, "full", rng, outplace, "    ", G)
@@ -224,175 +186,33 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
 # many leaves
 
 
-def _head(layout, ind, out=False, views=True) -> list:
-    L = [f"{ind}n = sizes[j]", f"{ind}o = offsets[j]"]
-    if not views:
-        return L
-    L += [f"{ind}x = carray(as_pointer(xaddr[j], _C), (n,))", f"{ind}g = carray(as_pointer(gaddr[j], _C), (n,))"]
-    if out:
-        L.append(f"{ind}xo = carray(as_pointer(xoaddr[j], _C), (n,))")
-    L += [f"{ind}S{k} = A{k}[o:o + n]" for k in range(layout.n_state)]
-    if out:
-        L += [f"{ind}O{k} = B{k}[o:o + n]" for k in range(layout.n_state)]
-    if layout.units:
-        L += unit_views(layout, "A", "S", _TG, ind) + (unit_views(layout, "B", "O", _TG, ind) if out else [])
-    return L + [f"{ind}t = C[0, j] + 1", f"{ind}tp = C[1, j] + 1"]
-
-
-#: the geometry row of leaf j in the tree kernels
-_TG = "Ag[j, {}]"
-
-
-def _fin_src(layout):
-    return lambda r, m: f"F[j, {layout.fin_cols[r] + m}]"
-
-
-def _skipped_before(layout, r, ind) -> list:
-    """Leave out a leaf that an earlier reduction of its part of the chain skipped."""
-    pre, suf = _split(layout)
-    earlier = [q for q in (pre if r in pre else pre + suf) if q < r and _has(layout, q, "skip")]
-    out = []
-    for q in earlier:
-        col = layout.fin_cols[q] + type(layout.rules[q]).finals.index("skip")
-        out += [f"{ind}if F[j, {col}] != 0.0:", f"{ind}    continue"]
-    return out
-
-
-#: the phases of a reduction are inlined into ``reductions`` (one compilation instead of five functions'
-#: each, ~0.3 s apiece when cold); the tree pipeline also calls them one by one across groups
-_PHASE = '@njit(inline="always", cache=True, **_NJ)'
-
-
-def _reduce_phase(layout, r) -> list:
-    A = array_names(layout, "A")
-    ops = reduce_ops(layout.rules[r])
-    nops, units = len(ops), layout.scalar_units(r)
-    c0, flag = layout.acc_cols[r], layout.acc_cols[r] + nops
-    args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
-    L = [_PHASE, f"def partial_{r}({args}):",
-         "    for j in range(sizes.shape[0]):"]
-    L += [f"        P[j, {c0 + c}] = {identity(op)}" for c, op in enumerate(ops)] + [f"        P[j, {flag}] = 0.0"]
-    L += ["        if act[j] != 1:", "            continue"] + _skipped_before(layout, r, "        ")
-    L += _head(layout, "        ") + load_lines(layout, "        ", "t", "tp")
-    if layout.accum is not None and r > layout.accum:  # only the leaves completing their cycle
-        L += [f"        if C[2, j] + 1 < h{layout.accum}_n:", "            continue"]
-    inline = _inline(layout)
-    L += finals_lines(layout, [q for q in layout.reducers if q < r and q not in inline], "        ", _fin_src(layout))
-    L += _in_leaf(layout, r, "        ")  # the axis members (and inline reductions) before r: nothing written
-    L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", "        ")
-    L += _lane_reduction(layout, r, "        ", _TG)
-    L += [f"        P[j, {c0 + c}] = acc{r}_{c}" for c in range(nops)] + [f"        P[j, {flag}] = 1.0"]
-    L += [f"        P[j, {flag + 1 + k}] = np.float64(Su{u}[0])" for k, u in enumerate(units)]  # the leaf's states
-    L += ["    return 0", "", "", _PHASE, f"def combine_{r}(P, tot):",
-          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
-    for c, op in enumerate(ops):
-        L.append(f"            tot[{c}] = tot[{c}] + P[j, {c0 + c}]" if op == "sum"
-                 else f"            tot[{c}] = max(tot[{c}], P[j, {c0 + c}])")
-    if units:  # the scalar states of the tree: the first contributing leaf's (every leaf stepped keeps a copy)
-        seen = nops + len(units)
-        L += [f"            if tot[{seen}] == 0.0:", f"                tot[{seen}] = 1.0"]
-        L += [f"                tot[{nops + k}] = P[j, {flag + 1 + k}]" for k in range(len(units))]
-    nf, f0 = layout.row_len(r), layout.fin_cols[r]
-    states = [f"tot[{nops + k}]" for k in range(len(units))]
-    L += ["    return 0", "", "", _PHASE, f"def finish_row_{r}(tot, hp, row):",
-          f"    {', '.join(f'v{m}' for m in range(nf))}, = "
-          f"{finish_call(layout, r, [f'tot[{c}]' for c in range(nops)] + states)}"]
-    L += [f"    row[{m}] = v{m}" for m in range(nf)]
-    L += ["    return 0", "", "", _PHASE, f"def put_finals_{r}(row, P, F):",
-          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:"]
-    L += [f"            F[j, {f0 + m}] = row[{m}]" for m in range(nf)]
-    states = [f"P[j, {flag + 1 + k}]" for k in range(len(units))]
-    L += ["    return 0", "", "", _PHASE, f"def finish_leaves_{r}(P, hp, F):",
-          "    for j in range(P.shape[0]):", f"        if P[j, {flag}] != 0.0:",
-          f"            {', '.join(f'v{m}' for m in range(nf))}, = "
-          f"{finish_call(layout, r, [f'P[j, {c0 + c}]' for c in range(nops)] + states)}"]
-    L += [f"            F[j, {f0 + m}] = v{m}" for m in range(nf)]
-    return L + ["    return 0"]
-
-
-def _inline(layout) -> list:
-    """The reductions that ``apply`` does itself, per leaf, after the axis members' phases (as the one-array
-    kernels do): leaf-scope ones after an axis member that cannot refuse or skip a step. Done in ``reductions``,
-    their dry passes would compute the axis members' phases again."""
-    if not layout.axis_rules:
-        return []
-    first = min(layout.axis_rules)
-    return [r for r in layout.reducers if r > first and type(layout.rules[r]).scope == "leaf"
-            and not (_has(layout, r, "error") or _has(layout, r, "skip") or layout.n_scalar(r))]
-
-
-def _in_leaf(layout, upto: int, ind: str) -> list:
-    """Per leaf, in chain order, the members before ``upto`` that the tree kernels compute where they are needed:
-    the axis members' phases and the inline reductions (dry pass, ``finish``, finals ``f{q}_...``)."""
-    inline = _inline(layout)
-    L = []
-    for q in sorted(layout.axis_rules + inline):
-        if q >= upto:
-            break
-        if q in inline:
-            accs = [f"acc{q}_{c}" for c in range(len(reduce_ops(layout.rules[q])))]
-            names = [f"g{q}_{n}" for n in type(layout.rules[q]).finals]
-            L += geo_reduction(layout, q, ind, _TG)
-            L.append(f"{ind}{', '.join(names)}, = {finish_call(layout, q, accs)}")
-            L += finals_lines(layout, [q], ind, lambda r, m: f"g{r}_{type(layout.rules[r]).finals[m]}")
-        else:
-            L += axis_phase(layout, q, ind, _TG, lambda u: f"Su{u}.dtype")
-    return L
-
-
-def _reductions(layout) -> list:
-    A = array_names(layout, "A")
-    args = ", ".join(["xaddr", "gaddr", "sizes", "offsets"] + A + ["hp", "C", "act", "F", "P"])
-    L = ["@njit(cache=True, **_NJ)", f"def reductions({args}):"]
-    inline = _inline(layout)
-    for r in layout.reducers:
-        if r in inline:
-            continue
-        ops = reduce_ops(layout.rules[r])
-        L.append(f"    partial_{r}({args})")
-        if type(layout.rules[r]).scope == "tree":
-            L += [f"    tot{r} = np.zeros({len(layout.totals(r))}, dtype=np.float64)"]
-            L += [f"    tot{r}[{c}] = {identity(op)}" for c, op in enumerate(ops)]
-            nf = layout.row_len(r)
-            L += [f"    combine_{r}(P, tot{r})", f"    row{r} = np.empty({nf}, dtype=np.float64)",
-                  f"    finish_row_{r}(tot{r}, hp, row{r})", f"    put_finals_{r}(row{r}, P, F)"]
-        else:
-            L.append(f"    finish_leaves_{r}(P, hp, F)")
-        if _has(layout, r, "error"):
-            col = layout.fin_cols[r] + type(layout.rules[r]).finals.index("error")
-            flag = layout.acc_cols[r] + len(ops)
-            L += ["    for j in range(sizes.shape[0]):", f"        if P[j, {flag}] != 0.0 and F[j, {col}] != 0.0:",
-                  f"            return {ERROR_BASE + r}"]
-    return L + ["    return 0"]
-
-
 def _apply(layout, outplace: bool) -> list:
     A = array_names(layout, "A")
     B = array_names(layout, "B")
-    head = ["xaddr", "gaddr"] + (["xoaddr"] if outplace else []) + ["sizes", "offsets"] + A + (B if outplace else [])
+    lead = ["xaddr", "gaddr"] + (["xoaddr"] if outplace else []) + ["sizes", "offsets"] + A + (B if outplace else [])
     name = "apply_out" if outplace else "apply"
-    L = ["@njit(cache=True, **_NJ)", f"def {name}({', '.join(head + ['hp', 'C', 'act', 'F'])}):",
+    L = ["@njit(cache=True, **_NJ)", f"def {name}({', '.join(lead + ['hp', 'C', 'act', 'F'])}):",
          "    for j in range(sizes.shape[0]):"]
     if outplace:
         L += ["        if act[j] == 2:", "            continue", "        if act[j] == 0:"]
-        L += _head(layout, "            ", views=False)
+        L += head(layout, "            ", views=False)
         # element loops, not slice assignment: Numba compiles a slice copy into seconds of array machinery
         if layout.n_state:
             L += ["            for i in range(o, o + n):"]
             L += [f"                B{k}[i] = A{k}[i]" for k in range(layout.n_state)]
         if layout.units:
-            L += unit_views(layout, "A", "S", _TG, "            ") + unit_views(layout, "B", "O", _TG, "            ")
+            L += unit_views(layout, "A", "S", TG, "            ") + unit_views(layout, "B", "O", TG, "            ")
             L += unit_copies(layout, "S", "O", "            ")
             L += _copy_geo("A", "B", "j", "            ")
         L += ["            continue"]
     else:
         L += ["        if act[j] != 1:", "            continue"]
-    L += _head(layout, "        ", out=outplace) + load_lines(layout, "        ", "t", "tp")
-    inline = _inline(layout)
-    L += finals_lines(layout, [r for r in layout.reducers if r not in inline], "        ", _fin_src(layout))
-    pre, suf = _split(layout)
+    L += head(layout, "        ", out=outplace) + load_lines(layout, "        ", "t", "tp")
+    inline = inline_reducers(layout)
+    L += finals_lines(layout, [r for r in layout.reducers if r not in inline], "        ", fin_src(layout))
+    pre, suf = split(layout)
     for r in pre:
-        if _has(layout, r, "skip"):
+        if has(layout, r, "skip"):
             L += [f"        if f{r}_skip != 0.0:"]
             L += _loop(layout, "copy", "range", True, "            ") if outplace else []
             if outplace and layout.units:
@@ -404,13 +224,13 @@ def _apply(layout, outplace: bool) -> list:
         keep = _copy_geo("A", "B", "j", "            ") if outplace and layout.units else []
         L += [f"        if C[2, j] + 1 < h{a}_n:"] + _loop(layout, "accumulate", "range", outplace, "            ")
         L += keep + ["            C[1, j] += 1", "            C[2, j] += 1", "            continue"]
-        sk = [r for r in suf if _has(layout, r, "skip")]
+        sk = [r for r in suf if has(layout, r, "skip")]
         if sk:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
             L += _loop(layout, "reset", "range", outplace, "            ") + keep
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
-    L += _in_leaf(layout, len(layout.rules), "        ")
-    L += _loop(layout, "full", "range", outplace, "        ", _TG)
+    L += in_leaf(layout, len(layout.rules), "        ")
+    L += _loop(layout, "full", "range", outplace, "        ", TG)
     W = "O" if outplace else "S"
     for r in layout.reducers:  # the new scalar states, after the finals in F (inline reductions have none)
         nf = len(type(layout.rules[r]).finals)
@@ -462,8 +282,8 @@ def generate_source(rule, dtype) -> str:
                             ("outplace_par", True, True)):
         body += _single(layout, name, par, outp) + ["", ""]
     for r in layout.reducers:
-        body += _reduce_phase(layout, r) + ["", ""]
-    body += _reductions(layout) + ["", ""]
+        body += reduce_phase(layout, r) + ["", ""]
+    body += reductions(layout) + ["", ""]
     body += _apply(layout, False) + ["", ""] + _apply(layout, True) + ["", ""]
     body += _fused(layout, False) + ["", ""] + _fused(layout, True) + ["", ""]
     if layout.accum is None:

@@ -181,11 +181,12 @@ def element_lines(layout: ChainLayout, upto: int, gvar: str, xvar: str, sread, w
     return lines
 
 
-def load_lines(layout: ChainLayout, indent: str, tvar: str, tpvar: str | None = None, hpvar: str = "hp") -> list:
-    """Load the hyperparameters (cast to the compute precision) and compute the per-step scalars; members
-    before an AccumGrad count their steps in ``tpvar``."""
+def load_lines(layout: ChainLayout, indent: str, tvar: str, tpvar: str | None = None, hpvar: str = "hp",
+               upto: int | None = None) -> list:
+    """Load the hyperparameters (cast to the compute precision) and compute the per-step scalars of members
+    ``0..upto-1`` (all by default); members before an AccumGrad count their steps in ``tpvar``."""
     lines = []
-    for r_i, rule in enumerate(layout.rules):
+    for r_i, rule in enumerate(layout.rules[:upto]):
         for n, k in layout.hyper_slots[r_i].items():
             lines.append(f"{indent}h{r_i}_{n} = _R({hpvar}[{k}])")
         cls = type(rule)

@@ -16,7 +16,7 @@ import numpy as np
 from ..backends import abi
 from ..backends.alias import fast_table
 from .params import ARRAY_SUBCLASSES
-from .step import Order, Run, addresses, execute
+from .step import Order, Run, execute
 
 __all__ = ["FastPlan", "gen_gather", "Miss"]
 
@@ -98,7 +98,7 @@ class FastPlan:
     """``update_`` on a model whose trained, unfrozen leaves are all writeable arrays stepped directly.
     Frozen leaves are left out of the gather and stay out of the runs (``act`` 0)."""
 
-    __slots__ = ("gather", "params", "tab", "dims", "out", "W", "order", "timed")
+    __slots__ = ("gather", "params", "tab", "dims", "out", "W", "order", "timed", "addrs")
 
     @staticmethod
     def build(c, xu, iu, old=None):
@@ -143,14 +143,14 @@ class FastPlan:
         for gi in gis:
             start[gi] = total
             total += len(c.groups[gi].members)
-        fp.tab = np.empty((n, 8), dtype=np.int64)
+        fp.tab = np.empty((n, abi.TAB_COLS), dtype=np.int64)
         fp.tab[:, 0] = [id(x) for x in fp.params]
         fp.tab[:, 1] = 1
         fp.tab[:, 2] = ndims
         fp.tab[:, 3] = dimstart
         fp.tab[:, 4] = [id(np.dtype(s.u_dtype[u])) for u in us]
         fp.tab[:, 5] = [start[s.u_group[u]] + s.u_j[u] for u in us]
-        fp.tab[:, 6] = addresses(fp.params)
+        fp.tab[:, 6] = [x.ctypes.data for x in fp.params]  # once per plan: not worth compiling data_pointers
         fp.tab[:, 7] = [x.nbytes for x in fp.params]
         # what this step writes: the parameters (owner: their row) and every group's state arenas
         alo, ahi = c.arena_spans()
@@ -158,6 +158,9 @@ class FastPlan:
                           np.concatenate([np.arange(n), np.full(len(alo), -1)]), fp.tab[:, 0],
                           all(x.flags.owndata for x in fp.params), alo, ahi)
         fp.out = np.zeros((2, max(total, 1)), dtype=np.int64)
+        # gather_lists's arguments after the lists (the arrays live as long as the plan)
+        fp.addrs = (n, fp.tab.ctypes.data, fp.dims.ctypes.data, abi.ARRAY_TYPE, fp.out[0].ctypes.data,
+                    fp.out[1].ctypes.data, fp.W.ctypes.data)
         runs, timed = [], []
         stepped = set(us)
         for gi in gis:
@@ -178,7 +181,7 @@ class FastPlan:
             pl, gl = self.gather(model, grads)
         except Exception:
             return False
-        if abi.gather_lists(id(pl), id(gl), self.tab, self.dims, abi.ARRAY_TYPE, self.out, self.W) != -1:
+        if abi.gather_lists(id(pl), id(gl), *self.addrs) != -1:
             return False  # a leaf the plan was not made for, or a gradient overlapping what is written
         for run, js in self.timed:  # schedules: every stepped leaf of a group at one step count
             C = run.grp.C
