@@ -18,10 +18,10 @@ import sys
 import numpy as np
 from numba import njit
 
-from ..compiler.intrinsics import NO_NRT, load_i32, load_i64, store_i64  # NO_NRT: ~25 ns a leaf less in gather_lists
+from ..compiler.intrinsics import NO_NRT, load_i32, load_i64  # NO_NRT: ~25 ns a leaf less in gather_lists
 from .alias import fast_hits
 
-__all__ = ["OK", "gather_lists", "data_pointers", "ARRAY_TYPE", "TAB_COLS"]
+__all__ = ["OK", "gather_lists", "data_pointers", "ARRAY_TYPE"]
 
 #: ``id(np.ndarray)``: what the header of an exact ndarray points to
 ARRAY_TYPE = id(np.ndarray)
@@ -76,65 +76,58 @@ def _verify() -> bool:
 OK = _verify()
 
 
-#: the columns of a row of :func:`gather_lists`'s table
-TAB_COLS = 8
-
-
 @njit(cache=True, error_model="numpy", **NO_NRT)
-def gather_lists(plist, glist, n, tab, dims, arraytype, xout, gout, table):
+def gather_lists(plist, glist, tab, dims, arraytype, out, W):
     """The trees' fast path: validate parameter and gradient leaves given as two Python lists.
 
-    ``plist``/``glist`` are ``id()`` of two lists of ``n`` objects; their item pointers are read directly (no
-    Python ints are made). ``tab``, ``dims``, ``xout``, ``gout`` and ``table`` are the addresses of C-contiguous
-    int64 arrays that the caller keeps alive: the ``(n, 8)`` table, the shapes, the two outputs and
-    :func:`numbaopt.backends.alias.fast_table`. Row ``j`` of ``tab`` is ``(pid, writeable, ndim, dimstart,
-    descr, dest, xptr, nbytes)``: parameter ``j`` must be the object ``pid`` (the one seen when the plan was
+    ``plist``/``glist`` are ``id()`` of two lists of ``n = tab.shape[0]`` objects; their item pointers
+    are read directly (no Python ints are made). Row ``j`` of ``tab`` is ``(pid, writeable, ndim,
+    dimstart, descr, dest)``: parameter ``j`` must be the object ``pid`` (the one seen when the plan was
     made); both leaves must be exact ndarrays, C-contiguous and aligned (the parameter writeable when
-    ``writeable``), with the descriptor ``descr`` and shape ``dims[dimstart:dimstart + ndim]``; the parameter's
-    data pointer must be ``xptr``. Data pointers go to ``xout[dest]`` and ``gout[dest]``. Then every
-    gradient is checked against ``table`` (the parameters, owner ``j``, and the state arenas): -2 when one
-    overlaps something the step writes. Returns -1, ``j`` for a failed leaf, ``n`` when a list has the wrong
-    length, or -2. Integers only: each array argument costs dispatch time, and its indexing compile time (this
-    compiles in every cold first step). Runs with the GIL held, so the lists cannot change during the call.
+    ``writeable``), with the descriptor ``descr`` and shape ``dims[dimstart:dimstart + ndim]``. Data
+    pointers go to ``out[0, dest]`` and ``out[1, dest]``; the parameter's must be ``xptr`` (columns 6 and 7 are
+    the parameter's data pointer and byte size when the plan was made). Then every gradient is checked against
+    ``W`` (:func:`numbaopt.backends.alias.fast_table` of the parameters, owner ``j``, and the state
+    arenas): -2 when one overlaps something the step writes. Returns -1, ``j`` for a failed
+    leaf, ``n`` when a list has the wrong length, or -2. Packed arguments: each array argument costs
+    dispatch time. Runs with the GIL held, so the lists cannot change during the call.
     """
-    if load_i64(plist + LIST_SIZE) != n or load_i64(glist + LIST_SIZE) != n:
+    n = tab.shape[0]
+    if load_i64(plist + 16) != n or load_i64(glist + 16) != n:
         return n
-    pitems = load_i64(plist + LIST_ITEMS)
-    gitems = load_i64(glist + LIST_ITEMS)
+    pitems = load_i64(plist + 24)
+    gitems = load_i64(glist + 24)
     for j in range(n):
         p = load_i64(pitems + 8 * j)
         g = load_i64(gitems + 8 * j)
-        row = tab + 8 * TAB_COLS * j
-        if p != load_i64(row) or load_i64(g + OB_TYPE) != arraytype:
+        if p != tab[j, 0] or load_i64(g + 8) != arraytype:
             return j
-        nd = load_i64(row + 16)
-        if load_i32(p + ND) != nd or load_i32(g + ND) != nd:
+        nd = tab[j, 2]
+        if load_i32(p + 24) != nd or load_i32(g + 24) != nd:
             return j
-        pd = load_i64(p + DIMS)
-        gd = load_i64(g + DIMS)
-        s = dims + 8 * load_i64(row + 24)
+        pd = load_i64(p + 32)
+        gd = load_i64(g + 32)
+        s = tab[j, 3]
         for k in range(nd):
-            want = load_i64(s + 8 * k)
-            if load_i64(pd + 8 * k) != want or load_i64(gd + 8 * k) != want:
+            if load_i64(pd + 8 * k) != dims[s + k] or load_i64(gd + 8 * k) != dims[s + k]:
                 return j
-        pf = load_i32(p + FLAGS)
-        gf = load_i32(g + FLAGS)
-        if (pf & 0x101) != 0x101 or (gf & 0x101) != 0x101:  # C_CONTIGUOUS | ALIGNED
+        pf = load_i32(p + 64)
+        gf = load_i32(g + 64)
+        if (pf & 0x101) != 0x101 or (gf & 0x101) != 0x101:
             return j
-        if load_i64(row + 8) != 0 and (pf & WRITEABLE) == 0:
+        if tab[j, 1] != 0 and (pf & 0x400) == 0:
             return j
-        descr = load_i64(row + 32)
-        if load_i64(p + DESCR) != descr or load_i64(g + DESCR) != descr:
+        if load_i64(p + 56) != tab[j, 4] or load_i64(g + 56) != tab[j, 4]:
             return j
-        xp = load_i64(p + DATA)
-        if xp != load_i64(row + 48):
+        d = tab[j, 5]
+        xp = load_i64(p + 16)
+        if xp != tab[j, 6]:
             return j
-        d = load_i64(row + 40)
-        gp = load_i64(g + DATA)
-        store_i64(xout + 8 * d, xp)
-        store_i64(gout + 8 * d, gp)
+        out[0, d] = xp
+        gp = load_i64(g + 16)
+        out[1, d] = gp
         # aliasing, against the parameters' addresses of the plan (each is verified in its own row)
-        if fast_hits(table, g, (gf & OWNDATA) != 0, gp, gp + load_i64(row + 56), j, p):
+        if fast_hits(W, g, (gf & OWNDATA) != 0, gp, gp + tab[j, 7], j, tab[j, 0]):
             return -2
     return -1
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..compiler.intrinsics import NO_NRT, data_address, load_i64
+from ..compiler.intrinsics import NO_NRT
 
 __all__ = ["sorted_intervals", "fast_table", "fast_hits", "hits", "shares", "aliased_leaves"]
 
@@ -34,31 +34,24 @@ def sorted_intervals(lo, hi, own) -> np.ndarray:
     return W
 
 
-@njit(error_model="numpy", inline="always")
-def _at(w, row, col):
-    """Element ``(row, col)`` of an int64 table of 4 columns at address ``w``."""
-    return load_i64(w + 32 * row + 8 * col)
-
-
-@njit(error_model="numpy", inline="always")
-def hits(w, lo, hi, own, start, stop) -> bool:
-    """Whether the gradient interval ``[lo, hi)`` of leaf ``own`` overlaps a row ``start..stop-1`` of the table
-    at address ``w`` (rows of :func:`sorted_intervals`) other than its own parameter's identical interval
-    (binary search on the sorted starts; exact scan only on a hit). Tables by address, not arrays: a load
-    compiles to a fraction of an array index's code, and these helpers compile in every cold first step."""
+@njit(cache=True, error_model="numpy", inline="always")
+def hits(W, lo, hi, own, start, stop) -> bool:
+    """Whether the gradient interval ``[lo, hi)`` of leaf ``own`` overlaps a row ``start..stop-1`` of ``W``
+    other than its own parameter's identical interval (binary search on the sorted starts; exact scan only
+    on a hit)."""
     if hi <= lo:
         return False
     a, b = start, stop
     while a < b:  # a = the first row starting at or after hi
         m = (a + b) >> 1
-        if _at(w, m, 0) < hi:
+        if W[m, 0] < hi:
             a = m + 1
         else:
             b = m
-    if a == start or _at(w, a - 1, 2) <= lo:
+    if a == start or W[a - 1, 2] <= lo:
         return False
     for q in range(start, a):
-        if _at(w, q, 1) > lo and not (_at(w, q, 3) == own and _at(w, q, 0) == lo and _at(w, q, 1) == hi):
+        if W[q, 1] > lo and not (W[q, 3] == own and W[q, 0] == lo and W[q, 1] == hi):
             return True
     return False
 
@@ -81,7 +74,7 @@ def fast_table(lo, hi, own, param_ids, params_own: bool, arena_lo, arena_hi) -> 
         size *= 2
     H = np.zeros((size, 4), dtype=np.int64)
     for pid in param_ids:
-        k = _slot(int(pid), size - 1)  # on the host
+        k = _slot.py_func(int(pid), size - 1)  # on the host: no compiled call (nor its compile)
         while H[k, 0] != 0:
             k = (k + 1) & (size - 1)
         H[k, 0] = pid
@@ -91,30 +84,27 @@ def fast_table(lo, hi, own, param_ids, params_own: bool, arena_lo, arena_hi) -> 
     return np.concatenate([head, W, A, H])
 
 
+@njit(cache=True, error_model="numpy", inline="always")
 def _slot(addr, mask):
-    """The hash slot of an object address (the host builds the table, the compiled probe reads it)."""
     return ((addr >> 4) ^ (addr >> 13)) & mask
 
 
-_slot_c = njit(error_model="numpy", inline="always")(_slot)
-
-
-@njit(error_model="numpy", inline="always")
-def fast_hits(t, g, gown, lo, hi, j, pid) -> bool:
+@njit(cache=True, error_model="numpy", inline="always")
+def fast_hits(T, g, gown, lo, hi, j, pid) -> bool:
     """Whether the gradient of leaf ``j`` (object address ``g``, owning its memory when ``gown``, interval
-    ``[lo, hi)``) overlaps what the step writes, by the table of :func:`fast_table` at address ``t``
-    (``pid``: leaf j's parameter object)."""
-    nw, mask, na = _at(t, 0, 0), _at(t, 0, 1), _at(t, 0, 3)
-    if not (gown and _at(t, 0, 2) != 0):
-        return hits(t, lo, hi, j, 1, 1 + nw)
+    ``[lo, hi)``) overlaps what the step writes, by the table of :func:`fast_table` (``pid``: leaf j's
+    parameter object)."""
+    nw, mask, na = T[0, 0], T[0, 1], T[0, 3]
+    if not (gown and T[0, 2] != 0):
+        return hits(T, lo, hi, j, 1, 1 + nw)
     if g != pid:  # not its own parameter: is it another leaf's?
-        k = 1 + nw + na + _slot_c(g, mask)
-        while _at(t, k, 0) != 0:
-            if _at(t, k, 0) == g:
+        k = 1 + nw + na + _slot(g, mask)
+        while T[k, 0] != 0:
+            if T[k, 0] == g:
                 return True
             k = 1 + nw + na + ((k - 1 - nw - na + 1) & mask)
     for q in range(1 + nw, 1 + nw + na):  # the arenas
-        if _at(t, q, 0) < hi and lo < _at(t, q, 1):
+        if T[q, 0] < hi and lo < T[q, 1]:
             return True
     return False
 
@@ -165,12 +155,11 @@ def _aliased(xaddr, gaddr, nbytes, owner, alo, ahi, out, W, perm):
         W[r, 0], W[r, 1], W[r, 3] = lo, hi, ow
         m += 1
     top = np.int64(0)
-    w = data_address(W)
     for r in range(m):
         top = max(top, W[r, 1])
         W[r, 2] = top
     bad = 0
     for k in range(n):
-        out[k] = gaddr[k] != 0 and hits(w, gaddr[k], gaddr[k] + nbytes[k], owner[k], 0, m)
+        out[k] = gaddr[k] != 0 and hits(W, gaddr[k], gaddr[k] + nbytes[k], owner[k], 0, m)
         bad += out[k]
     return bad

@@ -9,7 +9,7 @@ from numba.core.cpu import CPUTargetOptions
 from numba.core import errors
 from numba.extending import intrinsic
 
-__all__ = ["as_pointer", "load_i64", "load_i32", "store_i64", "data_address", "NO_NRT"]
+__all__ = ["as_pointer", "load_i64", "load_i32", "data_address", "NO_NRT"]
 
 #: options for compiled functions that allocate nothing (every array is the caller's, alive for the call):
 #: without Numba's reference counting (NRT) an array argument, or an inlined helper taking an array, costs no
@@ -57,20 +57,6 @@ def load_i32(typingctx, addr):
     def codegen(context, builder, signature, args):
         ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int32)))
         return builder.load(ptr)
-
-    return sig, codegen
-
-
-@intrinsic
-def store_i64(typingctx, addr, value):
-    """Write the int64 ``value`` at address ``addr`` inside ``@njit`` code."""
-    sig = types.none(addr, value)
-
-    def codegen(context, builder, signature, args):
-        ptr = builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.int64)))
-        v = context.cast(builder, args[1], signature.args[1], types.int64)
-        builder.store(v, ptr)
-        return context.get_dummy_value()
 
     return sig, codegen
 

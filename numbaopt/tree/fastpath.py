@@ -98,7 +98,7 @@ class FastPlan:
     """``update_`` on a model whose trained, unfrozen leaves are all writeable arrays stepped directly.
     Frozen leaves are left out of the gather and stay out of the runs (``act`` 0)."""
 
-    __slots__ = ("gather", "params", "tab", "dims", "out", "W", "order", "timed", "addrs")
+    __slots__ = ("gather", "params", "tab", "dims", "out", "W", "order", "timed")
 
     @staticmethod
     def build(c, xu, iu, old=None):
@@ -143,7 +143,7 @@ class FastPlan:
         for gi in gis:
             start[gi] = total
             total += len(c.groups[gi].members)
-        fp.tab = np.empty((n, abi.TAB_COLS), dtype=np.int64)
+        fp.tab = np.empty((n, 8), dtype=np.int64)
         fp.tab[:, 0] = [id(x) for x in fp.params]
         fp.tab[:, 1] = 1
         fp.tab[:, 2] = ndims
@@ -158,9 +158,6 @@ class FastPlan:
                           np.concatenate([np.arange(n), np.full(len(alo), -1)]), fp.tab[:, 0],
                           all(x.flags.owndata for x in fp.params), alo, ahi)
         fp.out = np.zeros((2, max(total, 1)), dtype=np.int64)
-        # gather_lists's arguments after the lists (the arrays live as long as the plan)
-        fp.addrs = (n, fp.tab.ctypes.data, fp.dims.ctypes.data, abi.ARRAY_TYPE, fp.out[0].ctypes.data,
-                    fp.out[1].ctypes.data, fp.W.ctypes.data)
         runs, timed = [], []
         stepped = set(us)
         for gi in gis:
@@ -181,7 +178,7 @@ class FastPlan:
             pl, gl = self.gather(model, grads)
         except Exception:
             return False
-        if abi.gather_lists(id(pl), id(gl), *self.addrs) != -1:
+        if abi.gather_lists(id(pl), id(gl), self.tab, self.dims, abi.ARRAY_TYPE, self.out, self.W) != -1:
             return False  # a leaf the plan was not made for, or a gradient overlapping what is written
         for run, js in self.timed:  # schedules: every stepped leaf of a group at one step count
             C = run.grp.C
