@@ -18,6 +18,7 @@ from .elements import LANES, accumulate, call_args, element_lines, finish_call, 
 from .layout import GEO, ChainLayout, reduce_ops
 
 __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes", "unit_copies", "geo_reduction",
+           "memo_member", "memo_loop",
            "unit_indices", "geometry_loads", "unit_count", "geo_lines"]
 
 _DIMS = ("P", "A", "Q", "B", "S", "act")
@@ -230,16 +231,54 @@ def _contributions(layout, r) -> str:
     return f"{', '.join(f'c{c}' for c in range(n))}, = reduce_t_{r}({call_args(layout, r, 'reduce', ['d', 'xi'])})"
 
 
-def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str) -> list:
+def memo_member(layout: ChainLayout):
+    """The chain's last axis member when the passes after it may start from the step through it, kept per element
+    in ``D`` (see :func:`geo_reduction`), or None: it needs no AccumGrad and no member up to it keeping element
+    state (whose new value only the writing pass computes)."""
+    if not layout.axis_rules or layout.accum is not None:
+        return None
+    last = layout.axis_rules[-1]
+    if any(k is not None for r in range(last + 1) for _, k in layout.state_slots[r]):
+        return None
+    return last
+
+
+def memo_loop(layout: ChainLayout, upto: int, body, indent: str, rng: str = "range", writes: bool = False) -> list:
+    """A flat loop over the elements whose step through the last axis member is ``D[i]`` (:func:`memo_member`): the
+    members after it up to ``upto``, then ``body`` (lines). No geometry: nothing after that member reads a unit."""
+    m = memo_member(layout)
+    inner = ["xi = x[i]"] + element_lines(layout, upto, "D[i]", "xi", lambda k: f"S{k}[i]", writes, "", start=m + 1)
+    return [f"{indent}for i in {rng}(n):"] + [f"{indent}    {line}" for line in inner + body]
+
+
+def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str, memo: dict | None = None) -> list:
     """A leaf-scope reduction's dry pass (``acc{r}_{c}``) over the geometry loop: for a reduction after an axis
     member, whose elements read their units' finals. Sums go to :data:`LANES` partial sums by element index (four
-    independent chains instead of one), combined pairwise in a fixed order: serial and deterministic."""
+    independent chains instead of one), combined pairwise in a fixed order: serial and deterministic.
+
+    ``memo`` (a dict per kernel body, or None): for a reduction after the chain's last axis member
+    (:func:`memo_member`), the first such pass of the body keeps each element's step through that member in
+    ``D`` and later ones (and the element pass) start from it in a flat loop: the members up to it are computed
+    once and written out once, not in three loop forms per pass (the same arithmetic in the same element order:
+    the same bits)."""
     ops = reduce_ops(layout.rules[r])
     L = [f"{indent}_ln{r}_{c} = np.full({LANES}, {identity(op)}, np.float64)" for c, op in enumerate(ops)]
-    body = ["gi = g[i]", "xi = x[i]"] + element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
-    body.append(_contributions(layout, r))
-    body += [accumulate(f"_ln{r}_{c}[i & {LANES - 1}]", f"c{c}", op) for c, op in enumerate(ops)]
-    L += geo_loop(layout, body, indent, G)
+    acc = [_contributions(layout, r)] + [accumulate(f"_ln{r}_{c}[i & {LANES - 1}]", f"c{c}", op)
+                                         for c, op in enumerate(ops)]
+    m = memo_member(layout) if memo is not None else None
+    if m is not None and r > m and memo.get("D"):
+        L += memo_loop(layout, r, acc, indent)
+    else:
+        sread = lambda k: f"S{k}[i]"  # noqa: E731
+        body = ["gi = g[i]", "xi = x[i]"]
+        if m is not None and r > m:  # the first pass after the last axis member keeps the step through it
+            L.append(f"{indent}D = np.empty(n, _C)")
+            body += element_lines(layout, m + 1, "gi", "xi", sread, False, "") + ["D[i] = d"]
+            body += element_lines(layout, r, "d", "xi", sread, False, "", start=m + 1)[1:]
+            memo["D"] = True
+        else:
+            body += element_lines(layout, r, "gi", "xi", sread, False, "")
+        L += geo_loop(layout, body + acc, indent, G)
     for c, op in enumerate(ops):
         L.append(f"{indent}acc{r}_{c} = {pairwise([f'_ln{r}_{c}[{u}]' for u in range(LANES)], op)}")
     return L

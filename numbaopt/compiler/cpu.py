@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .axes import array_names, axis_phase, geo_loop, unit_copies, unit_views, unit_writes
+from .axes import array_names, axis_phase, geo_loop, memo_loop, unit_copies, unit_views, unit_writes
 from .cpu_reduce import (TG, fin_src, has, head, in_leaf, inline_reducers, lane_reduction, reduce_phase, reductions,
                          split)
 from .elements import LANES, element_lines, finals_lines, finish_call, load_lines, rule_functions, scalar_loads
@@ -60,20 +60,27 @@ _KERNEL_OPTIONS = "dict(_NJ, _nrt=False)" if NO_NRT else "_NJ"
 # pieces
 
 
-def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str, G: str = "", flat=False) -> list:
+def _loop(layout: ChainLayout, kind: str, rng: str, outplace: bool, indent: str, G: str = "", flat=False,
+          memo=None) -> list:
     """The element loop of one kind: ``full`` (the whole chain, parameter written), ``accumulate`` (the
     members before the AccumGrad, then the sum), ``reset`` (those members, then the sum cleared: a cycle
     whose step was skipped) or ``copy`` (a pure step that changes nothing). With axis members (``G`` reads
-    the geometry row) the full loop runs over the geometry and writes the new unit states after it."""
+    the geometry row) the full loop runs over the geometry and writes the new unit states after it; when an
+    earlier pass of the kernel body kept the step through the last axis member (``memo``, see
+    :func:`.axes.geo_reduction`), it is a flat loop from there."""
     ind = indent + "    "
     L = [f"{indent}for i in {rng}(n):"]
     if kind == "copy":
         L += [f"{ind}xo[i] = x[i]"] + [f"{ind}O{k}[i] = S{k}[i]" for k in range(layout.n_state)]
         return L + (unit_copies(layout, "S", "O", indent) if layout.units else [])
     if kind == "full" and layout.axis_rules and not flat:
+        W = "O" if outplace else "S"
+        if memo and memo.get("D"):
+            writes = [f"{'xo' if outplace else 'x'}[i] = xi - d"]
+            writes += [f"{W}{k}[i] = n_{k}" for k in range(layout.n_state)]
+            return memo_loop(layout, len(layout.rules), writes, indent, rng, True) + unit_writes(layout, W, indent, rng)
         body = [line[len(ind):] for line in _loop(layout, kind, rng, outplace, indent, flat=True)[1:]]
-        return (geo_loop(layout, body, indent, G, rng=rng) +
-                unit_writes(layout, "O" if outplace else "S", indent, rng))
+        return geo_loop(layout, body, indent, G, rng=rng) + unit_writes(layout, W, indent, rng)
     L += [f"{ind}gi = g[i]", f"{ind}xi = x[i]"]
     upto = len(layout.rules) if kind == "full" else layout.accum
     L += element_lines(layout, upto, "gi", "xi", lambda k: f"S{k}[i]", True, ind)
@@ -121,6 +128,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
             "@njit(cache=True, **_NJ)" if axis else "@njit(cache=True, **_NJK)")
     rng = "prange" if par else "range"
     L = [deco, f"def {name}({', '.join(params)}):", "    n = x.shape[0]"]
+    memo = {}  # the element steps kept by the first pass after the last axis member (axes.geo_reduction)
     if counters:  # before anything is read or written: a gradient overlapping what this call writes
         written = [a for a in ((["xo"] + O) if outplace else (["x"] + S)) if not a.endswith("g")]
         L += [f"    if {' or '.join(f'_aliased(g, {w})' for w in written)}:", f"        return {ALIASED}"]
@@ -131,7 +139,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
     def reduce(r, ind, on_skip):
         if r in layout.axis_rules:
             return axis_phase(layout, r, ind, G, lambda u: f"Su{u}.dtype", rng)
-        out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + lane_reduction(layout, r, ind, G)
+        out = scalar_loads(layout, r, lambda u: f"Su{u}[0]", ind) + lane_reduction(layout, r, ind, G, memo)
         fins = [f"g{r}_{n}" for n in type(layout.rules[r]).finals] + [f"w{r}_{k}" for k in range(layout.n_scalar(r))]
         accs = [f"acc{r}_{c}" for c in range(len(reduce_ops(layout.rules[r])))]
         accs += [f"np.float64(Su{u}[0])" for u in layout.scalar_units(r)]
@@ -172,7 +180,7 @@ def _single(layout: ChainLayout, name: str, par: bool, outplace: bool, counters:
         if any(has(layout, r, "skip") for r in suf):
             L += ["    if sskip:"] + _loop(layout, "reset", rng, outplace, "        ") + keep_geo("        ")
             L += ["        C[1] += 1", "        C[2] = 0", "        C[3] += 1", "        return -2"]
-    L += _loop(layout, "full", rng, outplace, "    ", G)
+    L += _loop(layout, "full", rng, outplace, "    ", G, memo=memo)
     W = "O" if outplace else "S"
     L += [f"    {W}u{u}[0] = w{r}_{k}" for r in layout.reducers for k, u in enumerate(layout.scalar_units(r))]
     if outplace and units:
@@ -229,8 +237,9 @@ def _apply(layout, outplace: bool) -> list:
             L += [f"        if {' or '.join(f'f{r}_skip != 0.0' for r in sk)}:"]
             L += _loop(layout, "reset", "range", outplace, "            ") + keep
             L += [f"            {c}" for c in ("C[1, j] += 1", "C[2, j] = 0", "C[3, j] += 1", "continue")]
-    L += in_leaf(layout, len(layout.rules), "        ")
-    L += _loop(layout, "full", "range", outplace, "        ", TG)
+    memo = {}
+    L += in_leaf(layout, len(layout.rules), "        ", memo)
+    L += _loop(layout, "full", "range", outplace, "        ", TG, memo=memo)
     W = "O" if outplace else "S"
     for r in layout.reducers:  # the new scalar states, after the finals in F (inline reductions have none)
         nf = len(type(layout.rules[r]).finals)

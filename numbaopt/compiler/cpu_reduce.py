@@ -15,11 +15,11 @@ __all__ = ["lane_reduction", "split", "has", "head", "TG", "fin_src", "inline_re
            "reductions"]
 
 
-def lane_reduction(layout, r, indent, G="") -> list:
+def lane_reduction(layout, r, indent, G="", memo=None) -> list:
     """A dry pass over ``g[i], x[i]`` (``i < n``): the chain up to member r (an AccumGrad before it gives
     the cycle's mean), rule r's contributions summed (or maxed) in float64 into ``acc{r}_{c}``."""
     if any(q < r for q in layout.axis_rules):  # its elements read their units' finals: the geometry loop
-        return geo_reduction(layout, r, indent, G)
+        return geo_reduction(layout, r, indent, G, memo)
     ops = reduce_ops(layout.rules[r])
     L = [f"{indent}acc{r}_{c}_{u} = {identity(op)}" for c, op in enumerate(ops) for u in range(LANES)]
     rargs = call_args(layout, r, "reduce", ["d", "xi"])
@@ -113,9 +113,10 @@ def _partial_lines(layout, r, ind) -> list:
         L += [f"{bi}if C[2, j] + 1 < h{layout.accum}_n:", f"{bi}    continue"]
     inline = inline_reducers(layout)
     L += finals_lines(layout, [q for q in layout.reducers if q < r and q not in inline], bi, fin_src(layout))
-    L += in_leaf(layout, r, bi)  # the axis members (and inline reductions) before r: nothing written
+    memo = {}
+    L += in_leaf(layout, r, bi, memo)  # the axis members (and inline reductions) before r: nothing written
     L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", bi)
-    L += lane_reduction(layout, r, bi, TG)
+    L += lane_reduction(layout, r, bi, TG, memo)
     L += [f"{bi}P[j, {c0 + c}] = acc{r}_{c}" for c in range(nops)] + [f"{bi}P[j, {flag}] = 1.0"]
     return L + [f"{bi}P[j, {flag + 1 + k}] = np.float64(Su{u}[0])" for k, u in enumerate(units)]  # the leaf's states
 
@@ -191,7 +192,7 @@ def inline_reducers(layout) -> list:
             and not (has(layout, r, "error") or has(layout, r, "skip") or layout.n_scalar(r))]
 
 
-def in_leaf(layout, upto: int, ind: str) -> list:
+def in_leaf(layout, upto: int, ind: str, memo=None) -> list:
     """Per leaf, in chain order, the members before ``upto`` that the tree kernels compute where they are needed:
     the axis members' phases and the inline reductions (dry pass, ``finish``, finals ``f{q}_...``)."""
     inline = inline_reducers(layout)
@@ -202,7 +203,7 @@ def in_leaf(layout, upto: int, ind: str) -> list:
         if q in inline:
             accs = [f"acc{q}_{c}" for c in range(len(reduce_ops(layout.rules[q])))]
             names = [f"g{q}_{n}" for n in type(layout.rules[q]).finals]
-            L += geo_reduction(layout, q, ind, TG)
+            L += geo_reduction(layout, q, ind, TG, memo)
             L.append(f"{ind}{', '.join(names)}, = {finish_call(layout, q, accs)}")
             L += finals_lines(layout, [q], ind, lambda r, m: f"g{r}_{type(layout.rules[r]).finals[m]}")
         else:

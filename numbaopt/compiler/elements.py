@@ -148,15 +148,16 @@ def axis_finals(rule) -> dict:
 
 
 def element_lines(layout: ChainLayout, upto: int, gvar: str, xvar: str, sread, writes: bool, indent: str,
-                  zero: str = "_Z", real_zero: str = "_R(0)") -> list:
-    """Lines computing the fused chain's step for one element, for members ``0..upto-1``.
+                  zero: str = "_Z", real_zero: str = "_R(0)", start: int = 0) -> list:
+    """Lines computing the fused chain's step for one element, for members ``start..upto-1`` (``gvar``: the
+    step entering member ``start``; the gradient when ``start`` is 0).
 
     ``sread(k)`` reads state array ``k`` at this element. Leaves the step in ``d`` and, when ``writes``,
     the new state of array k in ``n_{k}``. An AccumGrad member among them turns ``d`` into the mean of the
     cycle, ``(acc + d) / n``, and resets its sum (the cycle completes here).
     """
     lines = [f"{indent}d = {gvar}"]
-    for r_i in range(upto):
+    for r_i in range(start, upto):
         rule = layout.rules[r_i]
         stage = type(rule).stage
         if stage == "master":
