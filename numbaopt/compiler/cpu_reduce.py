@@ -116,7 +116,8 @@ def _partial_lines(layout, r, ind) -> list:
     memo = {}
     L += in_leaf(layout, r, bi, memo)  # the axis members (and inline reductions) before r: nothing written
     L += scalar_loads(layout, r, lambda u: f"Su{u}[0]", bi)
-    L += lane_reduction(layout, r, bi, TG, memo)
+    # the last pass of this kernel: it reads the kept steps when an inline reduction kept them, and keeps none
+    L += lane_reduction(layout, r, bi, TG, memo if memo.get("D") else None)
     L += [f"{bi}P[j, {c0 + c}] = acc{r}_{c}" for c in range(nops)] + [f"{bi}P[j, {flag}] = 1.0"]
     return L + [f"{bi}P[j, {flag + 1 + k}] = np.float64(Su{u}[0])" for k, u in enumerate(units)]  # the leaf's states
 
