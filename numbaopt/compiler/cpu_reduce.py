@@ -78,6 +78,7 @@ TG = "Ag[j, {}]"
 
 
 def fin_src(layout):
+    """``(r, m) -> ...``: where leaf ``j`` of a tree kernel reads final ``m`` of reduction r (its row of ``F``)."""
     return lambda r, m: f"F[j, {layout.fin_cols[r] + m}]"
 
 
@@ -227,8 +228,9 @@ def reductions(layout) -> list:
         L += _partial_lines(layout, r, "    ")
         if type(layout.rules[r]).scope == "tree":
             tot, row = (lambda c, r=r: f"tot{r}_{c}"), (lambda m, r=r: f"row{r}_{m}")
-            L += [f"    {tot(c)} = {identity(op)}" for c, op in enumerate(ops)]
-            L += [f"    {tot(c)} = 0.0" for c in range(len(ops), len(layout.totals(r)))]
+            # the starting totals as layout.totals defines them for the pipeline's combine_r (identities, zeros)
+            L += [f"    {tot(c)} = {'-INF' if v == float('-inf') else repr(float(v))}"
+                  for c, v in enumerate(layout.totals(r))]
             L += _combine_lines(layout, r, tot, "    ") + _finish_row_lines(layout, r, tot, row, "    ")
             L += _put_finals_lines(layout, r, row, "    ")
         else:
