@@ -48,8 +48,11 @@ def run_numbaopt(rule, m, gs, inplace):
 def run_optax(tx, m, gs):
     params = jax.tree_util.tree_map(jnp.asarray, m)
     st = tx.init(params)
+    # jitted: one compile per transformation; run eagerly, every lax.cond of MultiSteps and apply_if_finite
+    # compiles its branches again at every step (seconds a test)
+    update = jax.jit(tx.update)
     for g in gs:
-        updates, st = tx.update(jax.tree_util.tree_map(jnp.asarray, g), st, params)
+        updates, st = update(jax.tree_util.tree_map(jnp.asarray, g), st, params)
         params = optax.apply_updates(params, updates)
     return jax.tree_util.tree_map(np.asarray, params)
 

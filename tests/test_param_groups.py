@@ -97,8 +97,10 @@ def run_optax(tx, steps=STEPS):
     jnp, optax = _optax()
     p = {k: jnp.asarray(v) for k, v in model().items()}
     s = tx.init(p)
+    import jax
+    update = jax.jit(tx.update)  # one compile; eagerly, muon's loops and clip's cond compile at every step
     for _ in range(steps):
-        u, s = tx.update({k: jnp.asarray(v) for k, v in grads({k: np.asarray(x) for k, x in p.items()}).items()}, s, p)
+        u, s = update({k: jnp.asarray(v) for k, v in grads({k: np.asarray(x) for k, x in p.items()}).items()}, s, p)
         p = optax.apply_updates(p, u)
     return {k: np.asarray(v) for k, v in p.items()}
 

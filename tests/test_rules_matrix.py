@@ -102,10 +102,11 @@ def test_muon_with_its_fallback_against_optax():
                        else no.Adam(0.05, 0.9, 0.999, 1e-8))  # optax: adamw(..., nesterov=nesterov)
         p = {k: jnp.asarray(v) for k, v in model.items()}
         os_ = tx.init(p)
+        update = jax.jit(tx.update)  # one compile; eagerly, Newton-Schulz's loop compiles at every step
         st, m = no.setup(ours, model), {k: v.copy() for k, v in model.items()}
         for _ in range(10):
             g = {k: rng.standard_normal(np.shape(v)) for k, v in model.items()}
-            u, os_ = tx.update({k: jnp.asarray(v) for k, v in g.items()}, os_, p)
+            u, os_ = update({k: jnp.asarray(v) for k, v in g.items()}, os_, p)
             p = optax.apply_updates(p, u)
             st, m = no.update_(st, m, g)
         for k in m:
