@@ -5,7 +5,7 @@ An element loop reads ``g[i]`` before it writes ``x[i]`` and the state at the sa
 view of its own parameter (``update_(s, b[1:7], b[0:6])``), another leaf's parameter (grads ``[b, a]`` for
 the model ``[a, b]``), a state array. Such a gradient is copied before the step, so ``update_`` gives the
 numbers ``update`` gives. The single-array kernels check their own arguments (a few nanoseconds, see
-``_aliased`` in :mod:`numbaopt.compiler.prelude`); trees and device groups check here, on byte intervals:
+``_alias_lines`` in :mod:`numbaopt.compiler.cpu`); trees and device groups check here, on byte intervals:
 the general path and the device groups with :func:`aliased_leaves` (one compiled call), the fast path
 inside :func:`numbaopt.backends.abi.gather_lists` against a table made once per plan (:func:`fast_table`).
 Both are written to compile quickly (plain loops; the sort of a plan's table is NumPy's, on the host): they

@@ -20,21 +20,6 @@ _NJ = dict(error_model="numpy", nogil=True)
 
 
 @njit(inline="always", **_NJ)
-def _aliased(g, w):
-    # whether the gradient g shares memory with w (an array the kernel writes) other than by being the
-    # same array: an element loop reads g[i] before writing w[i] at the same i, so g is w is safe, but a
-    # shifted view would read elements the loop has already written
-    n, m = g.shape[0], w.shape[0]
-    if n == 0 or m == 0:
-        return False
-    ga, wa = data_address(g), data_address(w)
-    gb, wb = n * g.itemsize, m * w.itemsize
-    if ga == wa and gb == wb:
-        return False
-    return ga < wa + wb and wa < ga + gb
-
-
-@njit(inline="always", **_NJ)
 def precision(a):
     return _R(a)
 
