@@ -63,3 +63,21 @@ def test_vqe_vs_pennylane_full_metric_row_projects_pennylanes_time(tmp_path):
     assert ours["reached"] and not theirs["reached"] and r["ratio_is"] == "lower bound"
     assert theirs["projected_seconds"] == pytest.approx(theirs["seconds_per_step"] * (ours["iterations"] + 1))
     assert f"projected {theirs['projected_seconds']:.0f} s" in proc.stdout
+
+
+def test_suite_compiles_counts_a_compile_in_a_pytest_run(tmp_path):
+    """benchmarks/suite_compiles.py as a plugin of a pytest run of one test that compiles one function (and loads
+    nothing from a cache): the run leaves a file, and the summary counts that function once."""
+    test = tmp_path / "test_one.py"
+    test.write_text("from numba import njit\n\n\ndef test_compiles():\n    assert njit(lambda a: a + 1)(1) == 2\n")
+    out = tmp_path / "counts"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "benchmarks"), PYTEST_ADDOPTS="-p suite_compiles",
+               NUMBAOPT_SUITE_COMPILES=str(out))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "suite_compiles.py"), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.startswith("1 processes; outermost compiles: 1,"), s.stdout
+    assert "| `test_one:test_compiles.<locals>.<lambda>` | 1 |" in s.stdout, s.stdout

@@ -100,10 +100,11 @@ _COMBINERS: dict = {}
 def _combiners(kind, comm, average, compiled) -> dict:
     """``{"_combine": ..., "_combine_f": ...}`` for these settings, made (and compiled on first use) once."""
     ch, dh = handles(comm)
-    key = (kind, ch, dh, comm.Get_size(), bool(average), bool(compiled))
+    p = comm.Get_size()
+    key = (kind, ch, dh, p, bool(average), bool(compiled))
     got = _COMBINERS.get(key)
     if got is None:
-        ns = {"np": np, "_ag": allgather(), "COMM": ch, "DT": dh, "P": comm.Get_size(), "AVG": bool(average)}
+        ns = {"np": np, "_ag": allgather(), "COMM": ch, "DT": dh, "P": p, "AVG": bool(average)}
         src = _COMBINE.format(pack=_PACK[kind], unpack=_UNPACK[kind]) + \
             _COMBINE.replace("def _combine", "def _combine_f").format(pack="", unpack="")
         exec(compile(src, "<numbaopt.mpi.loops combine>", "exec"), ns)  # noqa: S102 - our own template
@@ -115,14 +116,13 @@ def _combiners(kind, comm, average, compiled) -> dict:
 def _wrappers(mode, fun, jac, nargs, kind, comm, average, compiled, seen):
     """The objective (and ``jac``) wrapped: each evaluates the user's function, then combines across ranks."""
     ns = {"np": np, "fun": fun, "jac": jac, "_seen": seen, **_combiners(kind, comm, average, compiled)}
-    src = ""
     a = "".join(f", a{i}" for i in range(nargs))
     keep = ":" if compiled else " as e:\n        _seen.append((type(e).__name__, str(e)))"
     if mode == "fg":
-        src += _CALL.format(name="w_fun", g="g, ", a=a, body=f"f = np.float64(fun(x, g{a}))", keep=keep,
+        src = _CALL.format(name="w_fun", g="g, ", a=a, body=f"f = np.float64(fun(x, g{a}))", keep=keep,
                             combine="_combine", gg="g", s="sg", r="rg")
     else:  # the loss alone: its own small buffers (2 doubles a rank)
-        src += _CALL.format(name="w_fun", g="", a=a, body=f"f = np.float64(fun(x{a}))", keep=keep,
+        src = _CALL.format(name="w_fun", g="", a=a, body=f"f = np.float64(fun(x{a}))", keep=keep,
                             combine="_combine_f", gg="sf[:0]", s="sf", r="rf")
     if mode == "jac":
         src += _CALL.format(name="w_jac", g="g, ", a=a, body=f"jac(x, g{a})\n        f = 0.0", keep=keep,
