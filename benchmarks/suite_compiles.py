@@ -4,7 +4,8 @@ Every pytest process that loads the plugin (``-p suite_compiles``; through ``PYT
 xdist workers and the simulator suite's processes too) listens to numba's ``numba:compile`` events and, at exit,
 writes its totals per compiled function to ``$NUMBAOPT_SUITE_COMPILES/<pid>.json``: the outermost compiles (what
 a test waited for) and, apart, the compiles nested in them (a kernel's callees). Generated kernels are named
-``gen:<kernel>`` (``gen:multi``, ``gen:inplace``, ...), others ``<top-level module>:<function>``. A load from
+``gen:<kernel>`` (``gen:multi``, ``gen:inplace``, ...), others ``<top-level module>:<function>``; the outermost
+compiles are also summed per test (the test running when they started, its fixtures' set-up included). A load from
 the disk cache sends no event, so a warm cache counts nothing. Processes that are not pytest's (the MPI ranks,
 scripts the tests start) are not counted.
 
@@ -39,6 +40,7 @@ def install(out: str) -> None:
     from numba.core import event
 
     totals: dict = collections.defaultdict(lambda: [0, 0.0])  # name -> [count, seconds]
+    tests: dict = collections.defaultdict(lambda: [0, 0.0])  # test id -> [count, seconds] (outermost)
     stack: list = []
 
     class Listener(event.Listener):
@@ -47,9 +49,10 @@ def install(out: str) -> None:
 
         def on_end(self, ev):
             took = time.perf_counter() - stack.pop()
-            t = totals[_name(ev.data["dispatcher"]) + ("@nested" if stack else "")]
-            t[0] += 1
-            t[1] += took
+            for t in [totals[_name(ev.data["dispatcher"]) + ("@nested" if stack else "")]] + \
+                    ([] if stack else [tests[_CURRENT[0]]]):
+                t[0] += 1
+                t[1] += took
 
     event.register("numba:compile", Listener())
 
@@ -57,9 +60,18 @@ def install(out: str) -> None:
         if totals:
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, f"{os.getpid()}.json"), "w") as f:
-                json.dump(totals, f)
+                json.dump({"functions": totals, "tests": tests}, f)
 
     atexit.register(write)
+
+
+#: the id of the test running in this process (outside any test: "(collection)")
+_CURRENT = ["(collection)"]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """pytest hook: a test's set-up begins; its compiles are counted under its id."""
+    _CURRENT[0] = nodeid
 
 
 if OUT and __name__ != "__main__":  # loaded as a pytest plugin
@@ -67,22 +79,30 @@ if OUT and __name__ != "__main__":  # loaded as a pytest plugin
 
 
 def summary(folder: str, top: int = 25) -> str:
-    """The table of the processes' totals in ``folder``: outermost compiles first, then nested ones."""
+    """The tables of the processes' totals in ``folder``: outermost compiles, nested ones, then per test."""
     outer: dict = collections.defaultdict(lambda: [0, 0.0])
     nested: dict = collections.defaultdict(lambda: [0, 0.0])
+    tests: dict = collections.defaultdict(lambda: [0, 0.0])
     files = glob.glob(os.path.join(folder, "*.json"))
     for path in files:
         with open(path) as f:
-            for name, (count, seconds) in json.load(f).items():
-                t = nested[name[:-7]] if name.endswith("@nested") else outer[name]
-                t[0] += count
-                t[1] += seconds
+            got = json.load(f)
+        for name, (count, seconds) in got["functions"].items():
+            t = nested[name[:-7]] if name.endswith("@nested") else outer[name]
+            t[0] += count
+            t[1] += seconds
+        for name, (count, seconds) in got["tests"].items():
+            tests[name][0] += count
+            tests[name][1] += seconds
     lines = [f"{len(files)} processes; outermost compiles: {sum(c for c, _ in outer.values())}, "
              f"{sum(s for _, s in outer.values()):.0f} s", "", "| compiled | count | seconds | each |",
              "|---|---:|---:|---:|"]
     for title, table in (("", outer), ("nested: ", nested)):
         for name, (count, seconds) in sorted(table.items(), key=lambda kv: -kv[1][1])[:top]:
             lines.append(f"| {title}`{name}` | {count} | {seconds:.1f} | {seconds / count:.2f} |")
+    lines += ["", "| test | compiles | seconds |", "|---|---:|---:|"]
+    for name, (count, seconds) in sorted(tests.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"| `{name}` | {count} | {seconds:.1f} |")
     return "\n".join(lines)
 
 

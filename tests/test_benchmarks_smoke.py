@@ -81,3 +81,4 @@ def test_suite_compiles_counts_a_compile_in_a_pytest_run(tmp_path):
     assert s.returncode == 0, s.stderr
     assert s.stdout.startswith("1 processes; outermost compiles: 1,"), s.stdout
     assert "| `test_one:test_compiles.<locals>.<lambda>` | 1 |" in s.stdout, s.stdout
+    assert "| `test_one.py::test_compiles` | 1 |" in s.stdout, s.stdout
