@@ -135,8 +135,8 @@ _THREADED = {**RULES, "adafactor_torch": lambda lr: no.Adafactor(lr=lr, conventi
 @given(name=st.sampled_from(sorted(_THREADED)), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple),
        pure=st.booleans(), seed=st.integers(0, 2**16))
 def test_threaded_kernels_equal_the_serial_ones_bitwise(name, shape, pure, seed):
-    """One array stepped by the threaded kernels (rows of every matrix on threads, finish over units on threads; the
-    per-unit sums stay one serial pass) gives the serial kernels' bits: parameters and every state."""
+    """One array stepped by the threaded kernels (the element pass on threads; the per-unit sums and ``finish`` stay
+    serial) gives the serial kernels' bits: parameters and every state."""
     if name == "muon" and len(shape) != 2:
         shape = shape[:2] if len(shape) > 2 else (shape[0], 3)
     rng = np.random.default_rng(seed)

@@ -158,11 +158,11 @@ def unit_count(q: int, axis: str) -> str:
     return f"np.float64(({n}) * gact{q})"
 
 
-def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of, rng: str = "range") -> list:
+def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> list:
     """Axis member r's dry pass and ``finish``: the per-unit finals ``UF{r}_{axis}_{m}`` and new unit states
-    ``NU{u}``. ``dtype_of(u)`` names the dtype of unit state u (its array's, e.g. ``"Su0.dtype"``). The dry pass is
-    serial (its sums in one fixed order, whatever the threads); ``rng="prange"`` runs ``finish`` over the units
-    on threads (each unit on its own)."""
+    ``NU{u}``. ``dtype_of(u)`` names the dtype of unit state u (its array's, e.g. ``"Su0.dtype"``). Serial in every
+    kernel: the dry pass for its sums' fixed order, ``finish`` because a leaf has few units beside its elements
+    (a loop on threads costs a threaded kernel ~0.2 s of compiling each, and gains nothing measurable)."""
     rule = layout.rules[r]
     cls = type(rule)
     q = layout.axis_rules.index(r)
@@ -205,7 +205,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of, rng: 
         accs = [f"T{r}_{a}_{c}[_u]" for c in range(len(ops))] + [unit_count(q, a)]
         accs += [f"np.float64(Su{u}[_u])" for u in us]
         outs = [f"_v{m}" for m in range(nf)] + [f"_w{k}" for k in range(len(us))]
-        L += [f"{indent}for _u in {rng}({_units(q, a)}):",
+        L += [f"{indent}for _u in range({_units(q, a)}):",
               f"{indent}    {', '.join(outs)}, = {finish_call(layout, r, accs)}"]
         L += [f"{indent}    UF{r}_{a}_{m}[_u] = _v{m}" for m in range(nf)]
         L += [f"{indent}    NU{u}[_u] = _w{k}" for k, u in enumerate(us)]
@@ -294,14 +294,14 @@ def unit_views(layout: ChainLayout, arena: str, out: str, G: str, indent: str) -
     return out_lines
 
 
-def unit_writes(layout: ChainLayout, W: str, indent: str, rng: str = "range") -> list:
+def unit_writes(layout: ChainLayout, W: str, indent: str) -> list:
     """Write the new unit states ``NU{u}`` into ``{W}u{u}`` (after the element pass; the scalar states of
-    reductions are written by the kernels from their finish)."""
+    reductions are written by the kernels from their finish). Serial, as :func:`axis_phase`'s ``finish``."""
     L = []
     for u, (_, d) in enumerate(layout.unit_decls):
         if d.axis == SCALAR:
             continue
-        L += [f"{indent}for _u in {rng}(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
+        L += [f"{indent}for _u in range(NU{u}.shape[0]):", f"{indent}    {W}u{u}[_u] = NU{u}[_u]"]
     return L
 
 
