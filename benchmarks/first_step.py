@@ -89,6 +89,15 @@ def step_():
     st[0], st[1] = no.update_(st[0], st[1], g)
 phases = [("update_", step_), ("2nd update_", step_), ("update", lambda: no.update(st[0], st[1], g))]
 """),
+    "adafactor_threads": ("Adafactor() on one (256,128) float32 array, threaded (threshold 0): update_, update_",
+                          r"""
+no.set_parallel_threshold(0)
+x = np.ones((256, 128), np.float32); g = np.full((256, 128), 0.5, np.float32)
+st = [no.setup(no.Adafactor(), x), x]
+def step_():
+    st[0], st[1] = no.update_(st[0], st[1], g)
+phases = [("update_", step_), ("2nd update_", step_)]
+"""),
     "pure_large": ("pure update on 16 elements, then on 20M elements (threshold 0)", r"""
 no.set_parallel_threshold(0)
 small = np.ones(16, np.float32); big = np.ones(20_000_000, np.float32)

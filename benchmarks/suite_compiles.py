@@ -49,8 +49,10 @@ def install(out: str) -> None:
 
         def on_end(self, ev):
             took = time.perf_counter() - stack.pop()
-            for t in [totals[_name(ev.data["dispatcher"]) + ("@nested" if stack else "")]] + \
-                    ([] if stack else [tests[_CURRENT[0]]]):
+            rows = [totals[_name(ev.data["dispatcher"]) + ("@nested" if stack else "")]]
+            if not stack:  # an outermost compile: what the running test waited for
+                rows.append(tests[_CURRENT[0]])
+            for t in rows:
                 t[0] += 1
                 t[1] += took
 
