@@ -37,26 +37,29 @@ def cache_dir() -> str:
     return os.path.join(d, f"kernels-v{cpu.GENERATOR_VERSION}")
 
 
-def _write_module(text: str) -> str:
-    digest = hashlib.sha256(text.encode()).hexdigest()[:20]
+def _write_module(text: str, finish=None, stamp: bytes = b"") -> str:
+    """The file of ``text`` (of ``finish(text)`` when given, run only when the file is new, so that a later
+    process skips it; the name hashes ``text`` and ``stamp``, which changes with ``finish``'s code)."""
+    digest = hashlib.sha256(text.encode() + stamp).hexdigest()[:20]
     d = cache_dir()
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"nbo_{digest}.py")
     if not os.path.exists(path):
         fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+            fh.write(text if finish is None else finish(text))
         os.replace(tmp, path)  # atomic: another process sees the whole file or none
     return path
 
 
-def import_generated(text: str, prefix: str = ""):
+def import_generated(text: str, prefix: str = "", finish=None, stamp: bytes = b""):
     """Write generated source to the cache (content-hashed file name) and import it once per process.
 
     The module is named after the file (plus ``prefix``, for generators whose text could coincide);
-    ``module.source_path`` is the file.
+    ``module.source_path`` is the file. ``finish``: a last transformation of the text, run only when the file
+    does not exist yet; ``stamp``: bytes that change with ``finish``'s code (hashed into the name).
     """
-    path = _write_module(text)
+    path = _write_module(text, finish, stamp)
     name = prefix + os.path.splitext(os.path.basename(path))[0]
     mod = sys.modules.get(name)
     if mod is None:
@@ -99,4 +102,5 @@ def kernels(rule, dtype):
     mod = _modules.get(key)
     if mod is not None:
         return mod
-    return cached(key, lambda: import_generated(cpu.generate_source(rule, dtype)))
+    return cached(key, lambda: import_generated(cpu.raw_source(rule, dtype), finish=cpu.finish_source,
+                                                    stamp=cpu.FINISH_STAMP))
