@@ -24,6 +24,12 @@ __all__ = ["array_names", "geo_loop", "axis_phase", "unit_views", "unit_writes",
 _DIMS = ("P", "A", "Q", "B", "S", "act")
 
 
+def _totals(size, op) -> str:
+    """A new float64 array of ``size`` accumulators at ``op``'s identity (``np.zeros`` for sums: Numba lowers it
+    directly, where ``np.full`` compiles an implementation of its own in every process)."""
+    return f"np.zeros({size}, np.float64)" if identity(op) == "0.0" else f"np.full({size}, {identity(op)}, np.float64)"
+
+
 def array_names(layout: ChainLayout, prefix: str) -> list:
     """The names of a leaf's state arrays in the kernels: element, unit, geometry."""
     out = [f"{prefix}{k}" for k in range(layout.n_state)]
@@ -171,8 +177,7 @@ def axis_phase(layout: ChainLayout, r: int, indent: str, G: str, dtype_of) -> li
     if cls.matrix is not None:
         return L + _matrix_phase(layout, r, q, indent, G)
     for a in cls.axes:
-        L += [f"{indent}T{r}_{a}_{c} = np.full({_units(q, a)}, {identity(op)}, np.float64)"
-              for c, op in enumerate(ops)]
+        L += [f"{indent}T{r}_{a}_{c} = {_totals(_units(q, a), op)}" for c, op in enumerate(ops)]
     if ops:  # the dry pass (a rule without contributions renews its unit states from nothing but them)
         body = ["gi = g[i]", "xi = x[i]"]
         body += element_lines(layout, r, "gi", "xi", lambda k: f"S{k}[i]", False, "")
@@ -262,7 +267,7 @@ def geo_reduction(layout: ChainLayout, r: int, indent: str, G: str, memo: dict |
     once and written out once, not in three loop forms per pass (the same arithmetic in the same element order:
     the same bits)."""
     ops = reduce_ops(layout.rules[r])
-    L = [f"{indent}_ln{r}_{c} = np.full({LANES}, {identity(op)}, np.float64)" for c, op in enumerate(ops)]
+    L = [f"{indent}_ln{r}_{c} = {_totals(LANES, op)}" for c, op in enumerate(ops)]
     acc = [_contributions(layout, r)] + [accumulate(f"_ln{r}_{c}[i & {LANES - 1}]", f"c{c}", op)
                                          for c, op in enumerate(ops)]
     m = memo_member(layout) if memo is not None else None

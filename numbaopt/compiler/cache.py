@@ -17,6 +17,7 @@ import threading
 import numpy as np
 
 from . import cpu
+from .inliner import STAMP as INLINER_STAMP, finish_source
 
 __all__ = ["cache_dir", "import_generated", "kernels", "rule_key", "chain_key", "module_lock", "cached"]
 
@@ -102,5 +103,5 @@ def kernels(rule, dtype):
     mod = _modules.get(key)
     if mod is not None:
         return mod
-    return cached(key, lambda: import_generated(cpu.raw_source(rule, dtype), finish=cpu.finish_source,
-                                                    stamp=cpu.FINISH_STAMP))
+    return cached(key, lambda: import_generated(cpu.raw_source(rule, dtype), finish=finish_source,
+                                                    stamp=INLINER_STAMP))

@@ -33,8 +33,6 @@ before its first write: a refusal (status ``ERROR_BASE + r``) leaves everything 
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from .axes import array_names, axis_phase, geo_loop, memo_loop, unit_copies, unit_views, unit_writes
@@ -43,10 +41,10 @@ from .cpu_reduce import (TG, fin_src, has, head, in_leaf, inline_reducers, lane_
 from .elements import LANES, element_lines, finals_lines, finish_call, load_lines, rule_functions, scalar_loads
 from .layout import ALIASED, ERROR_BASE, ChainLayout, real_dtype, reduce_ops
 from . import prelude
-from .inliner import STAMP as INLINER_STAMP, inline_module
+from .inliner import finish_source
 from .intrinsics import NO_NRT
 
-__all__ = ["generate_source", "raw_source", "finish_source", "FINISH_STAMP", "LANES", "GENERATOR_VERSION"]
+__all__ = ["generate_source", "raw_source", "LANES", "GENERATOR_VERSION"]
 
 #: bump when the generated text changes meaning (it is part of the cache directory's name)
 GENERATOR_VERSION = "5"
@@ -302,18 +300,6 @@ def generate_source(rule, dtype) -> str:
     """The full source of the generated module for ``rule`` (a rule or chain) and compute dtype ``dtype``: the
     kernels with the rules' calls written out (:mod:`.inliner`)."""
     return finish_source(raw_source(rule, dtype))
-
-
-def finish_source(text: str) -> str:
-    """:func:`raw_source`'s text with the kernels' calls written out (what :func:`generate_source` gives)."""
-    return inline_module(text, REAL_TYPE.search(text).group(1))
-
-
-#: changes with the code of :func:`finish_source` (the inliner's source)
-FINISH_STAMP = INLINER_STAMP
-
-#: the line of a generated module naming its real scalar type
-REAL_TYPE = re.compile(r"^_R = np\.(\w+)$", re.M)
 
 
 def raw_source(rule, dtype) -> str:

@@ -39,15 +39,16 @@ import ast
 import numpy as np
 
 from .cpu import GENERATOR_VERSION
+from .inliner import finish_source
 from .axes import array_names
 from .cuda_axes import axis_finish_kernels, axis_reduce_body, block_loads, index_lines, table_names, table_specs, \
     unit_commits
 from .elements import element_lines, finish_call, load_lines, reduction_lines, rule_functions, scalar_loads
 from .layout import ChainLayout, real_dtype, reduce_ops
 from . import prelude
-__all__ = ["generate_source", "Plan", "NO_STATUS", "CUDA_GENERATOR_VERSION"]
+__all__ = ["generate_source", "raw_source", "Plan", "NO_STATUS", "CUDA_GENERATOR_VERSION"]
 
-CUDA_GENERATOR_VERSION = "4"
+CUDA_GENERATOR_VERSION = "5"
 
 #: ``st[0]`` when no rule blocked the step (int64 max: every real key is smaller)
 NO_STATUS = (1 << 63) - 1
@@ -265,7 +266,13 @@ def _finish_kernels(layout, plan):
 
 def generate_source(rule, dtype, sim: bool, tpb: int, chunk: int) -> str:
     """The full source of the CUDA module for ``rule`` (a chain without stages) and ``dtype``; ``sim``
-    generates for Numba's simulator, ``tpb``/``chunk`` are the launch constants."""
+    generates for Numba's simulator, ``tpb``/``chunk`` are the launch constants. The kernels' calls to the
+    device functions are written out (:mod:`.inliner`), as on the CPU."""
+    return finish_source(raw_source(rule, dtype, sim, tpb, chunk))
+
+
+def raw_source(rule, dtype, sim: bool, tpb: int, chunk: int) -> str:
+    """:func:`generate_source` before the calls are written out."""
     dtype = np.dtype(dtype)
     layout = ChainLayout(rule)
     if layout.accum is not None or layout.master is not None:

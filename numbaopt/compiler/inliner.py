@@ -31,7 +31,7 @@ import re
 
 import numpy as np
 
-__all__ = ["inline_module", "NotInlinable", "STAMP"]
+__all__ = ["inline_module", "finish_source", "NotInlinable", "STAMP"]
 
 #: how many times more statements than the callee's body an inlined copy may have (branches that each receive the
 #: statements after them) before the call is left to Numba
@@ -50,8 +50,12 @@ class NotInlinable(Exception):
 
 
 def _is_inline_decorator(d) -> bool:
-    return isinstance(d, ast.Call) and getattr(d.func, "id", None) == "njit" and any(
-        k.arg == "inline" and isinstance(k.value, ast.Constant) and k.value.value == "always" for k in d.keywords)
+    """``@njit(inline="always", ...)``, or a CUDA device function ``@cuda.jit(device=True, ...)``."""
+    if not isinstance(d, ast.Call):
+        return False
+    want = {"njit": ("inline", "always"), "cuda.jit": ("device", True)}.get(ast.unparse(d.func))
+    return want is not None and any(k.arg == want[0] and isinstance(k.value, ast.Constant)
+                                    and k.value.value == want[1] for k in d.keywords)
 
 
 def _stored(fn) -> set:
@@ -77,6 +81,7 @@ class _Callee:
         self.body = body
         self.expr = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value else None
         self.size = _count(body)
+        self.loops = any(isinstance(n, (ast.For, ast.While)) for s in body for n in ast.walk(s))
         self.uses = {p: sum(1 for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == p) for p in self.params}
 
 
@@ -193,6 +198,16 @@ def _count(stmts) -> int:
     return sum(1 + _count(getattr(s, "body", [])) + _count(getattr(s, "orelse", [])) for s in stmts)
 
 
+def _reads(stmts) -> dict:
+    """How many times each name is read."""
+    out: dict = {}
+    for s in stmts:
+        for n in ast.walk(s):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                out[n.id] = out.get(n.id, 0) + 1
+    return out
+
+
 def _has_return(stmts) -> bool:
     return any(isinstance(n, ast.Return) for s in stmts for n in ast.walk(s))
 
@@ -279,19 +294,32 @@ class _Inliner:
         return [s]
 
     def write_out(self, c: _Callee, args, target) -> list:
-        """``target = c(*args)`` as statements."""
+        """``target = c(*args)`` as statements. An argument that is neither a name nor a constant goes into a
+        local first, unless the body (its option tests decided) reads that parameter once and has no loop: then
+        it is written where it is read, and when the body does not read it at all, nowhere."""
         self.counter[0] += 1
         prefix = f"_k{self.counter[0]}_"
         mapping = {name: prefix + name for name in c.assigned}
-        lead = []
+        held = []  # (parameter, its local, the argument)
         for p, a in zip(c.params, args):
             if p not in c.assigned and isinstance(a, (ast.Constant, ast.Name)):
                 mapping[p] = a
             else:
                 mapping[p] = prefix + p
-                lead.append(ast.Assign([ast.Name(prefix + p, ast.Store())], a))
-        body = [_clone(s, mapping) for s in c.body]
-        body = _fold_statements(body, self.real)
+                held.append((p, prefix + p, a))
+        body = _fold_statements([_clone(s, mapping) for s in c.body], self.real)
+        reads = _reads(body)
+        lead, moved = [], {}
+        for p, name, a in held:
+            n = 2 if p in c.assigned else reads.get(name, 0)
+            if n == 0:
+                continue  # not read: the argument's expression (pure) is not written at all
+            if n == 1 and not c.loops:
+                moved[name] = a
+            else:
+                lead.append(ast.Assign([ast.Name(name, ast.Store())], a))
+        if moved:
+            body = [_clone(s, moved) for s in body]
         out = lead + _single_exit(body, target)
         if _count(out) > _GROWTH * c.size:
             raise NotInlinable("grows too much")
@@ -389,3 +417,13 @@ def _stamp() -> bytes:
 #: a hash of this module's source: the generated modules' file names include it, so a changed inliner
 #: writes new files instead of reusing the ones an earlier version wrote
 STAMP = _stamp()
+
+
+#: the line of a generated module (CPU or CUDA) naming its real scalar type
+_REAL_TYPE = re.compile(r"^_R = np\.(\w+)$", re.M)
+
+
+def finish_source(text: str) -> str:
+    """A generated module's text with its kernels' calls written out (:func:`inline_module` in the module's
+    own ``_R``)."""
+    return inline_module(text, _REAL_TYPE.search(text).group(1))

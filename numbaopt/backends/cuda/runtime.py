@@ -13,6 +13,7 @@ from numba import cuda
 
 from ...compiler import cuda as emit
 from ...compiler.cache import cached, import_generated, rule_key
+from ...compiler.inliner import STAMP as INLINER_STAMP, finish_source
 from ...compiler.layout import ChainLayout
 
 __all__ = ["SIM", "TPB", "CHUNK", "NO_STATUS", "leaf_ptr", "fill", "kernels", "simulator"]
@@ -80,7 +81,8 @@ def kernels(rule, dtype):
     key = ("cuda", SIM, tuple(rule_key(r) for r in rule.rules), dtype.str)
 
     def make():
-        mod = import_generated(emit.generate_source(rule, dtype, SIM, TPB, CHUNK), prefix="cuda_")
+        mod = import_generated(emit.raw_source(rule, dtype, SIM, TPB, CHUNK), prefix="cuda_",
+                               finish=finish_source, stamp=INLINER_STAMP)
         mod.plan = emit.Plan(ChainLayout(rule))
         return mod
 
