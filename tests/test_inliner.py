@@ -214,3 +214,29 @@ def pick():
         out = inline_module(text, dtype)
         assert "if " not in out[out.index("def pick("):]  # decided while writing it out
         assert _run(out, "pick") == _run(text, "pick") == expected
+
+
+def test_the_written_out_module_is_written_once_and_later_imports_skip_the_inliner(tmp_path, monkeypatch):
+    from numbaopt.compiler.cache import import_generated
+    monkeypatch.setenv("NUMBAOPT_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def finish(text):
+        calls.append(text)
+        return text + "Y = 2\n"
+
+    first = import_generated("X = 1\n", prefix="inl_a_", finish=finish, stamp=b"one")
+    again = import_generated("X = 1\n", prefix="inl_b_", finish=finish, stamp=b"one")  # as a new process would
+    assert first.Y == again.Y == 2 and len(calls) == 1 and first.source_path == again.source_path
+    other = import_generated("X = 1\n", prefix="inl_c_", finish=finish, stamp=b"two")  # a changed inliner
+    assert len(calls) == 2 and other.source_path != first.source_path
+
+
+def test_the_kernel_modules_on_disk_are_the_written_out_source():
+    import numbaopt as no
+    from numbaopt.compiler import cache, cpu
+    rule = no.chain(no.ClipGlobalNorm(1.0), no.Adam())
+    mod = cache.kernels(rule, np.float32)
+    with open(mod.source_path) as fh:
+        assert fh.read() == cpu.generate_source(rule, np.float32)
+    assert "reduce_t_0(" not in cpu.generate_source(rule, np.float32).split("def partial_0(")[1]
