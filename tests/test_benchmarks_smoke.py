@@ -7,6 +7,7 @@ error (the same optimiser), reach the target, and the JSON, the markdown table a
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -55,9 +56,15 @@ def test_vqe_vs_pennylane_full_metric_row_projects_pennylanes_time(tmp_path):
            "--budget", "0.3", "--repeat", "1", "--probe-qubits", "3", "--json", str(out_json)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "full metric on PennyLane, 3 qubits: lightning.qubit hadamard" in proc.stdout
+    # every full-metric configuration is probed at 3 qubits, and the fastest of them is the one kept (which one
+    # that is depends on the machine's load: the test does not say)
+    probes = {(m[1], m[2]): float(m[3]) for m in
+              re.finditer(r"full metric on PennyLane, 3 qubits: (\S+) (\S+) ([0-9.]+) s", proc.stdout)}
+    assert set(probes) == {("lightning.qubit", "hadamard"), ("default.qubit", "hadamard"),
+                           ("default.qubit", "adjoint_metric_tensor")}
     (r,) = json.loads(out_json.read_text())["results"]
-    assert r["row"] == "qng-full" and r["pennylane_config"].endswith("hadamard")
+    dev, method = re.fullmatch(r"(\S+):adjoint, metric (\S+)", r["pennylane_config"]).groups()
+    assert r["row"] == "qng-full" and probes[(dev, method)] == min(probes.values())
     assert r["agreement_at_x0"]["metric"] <= 1e-12 and r["max_dtheta_after_check"] < 1e-8
     ours, theirs = r["numbaopt"], r["pennylane"]
     assert ours["reached"] and not theirs["reached"] and r["ratio_is"] == "lower bound"
