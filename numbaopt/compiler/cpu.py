@@ -57,11 +57,13 @@ GENERATOR_VERSION = "5"
 #: Numba's own flag; a Numba without it keeps the default.
 _KERNEL_OPTIONS = "dict(_NJ, _nrt=False)" if NO_NRT else "_NJ"
 
-#: the threaded kernels' ``parallel=`` option: Numba's parallel-loop pass without its loop fusion. Each kernel has
-#: one loop on threads per element pass, written where it belongs; fusion only searched for neighbours to merge
-#: (Numba's diagnostics for Adafactor's kernel, with its seven loops on threads before: "Parallel structure is
-#: already optimal"); about 0.5 s of its ~6.5 s compile.
-_PARALLEL_OPTIONS = "dict(fusion=False)"
+#: the threaded kernels' ``parallel=`` option: Numba's parallel-loop pass without its loop fusion and without
+#: turning NumPy calls into loops on threads. Each kernel has one loop on threads per element pass, written where it
+#: belongs (``prange``); fusion only searched for neighbours to merge (Numba's diagnostics for Adafactor's kernel,
+#: with its seven loops on threads before: "Parallel structure is already optimal"; about 0.5 s of its ~6.5 s
+#: compile), and an axis member's ``np.zeros`` totals (a few rows or columns) would each become a loop on threads
+#: of its own, compiled as a function of its own (~0.15 s each).
+_PARALLEL_OPTIONS = "dict(fusion=False, numpy=False)"
 
 # --------------------------------------------------------------------------------------------------
 # pieces
