@@ -173,9 +173,20 @@ def shadow(a):
     math = 3.0
     y = sqrt(a)
     return y + math
+
+
+@njit(cache=True, **_NJ)
+def one_line(a):
+    y = 0.0
+    if a > 0: y = norm(a, 1.0)
+    z = norm(a, 2.0); w = 1.0
+    return y + z + w
 '''
     text = _module(kernels)
     out = inline_module(text, np.float32)
+    body = out[out.index("def one_line("):]
+    assert "norm(a, 1.0)" in body and "norm(a, 2.0)" in body  # the rewrite replaces whole lines
+    assert _run(out, "one_line", 2.0) == _run(text, "one_line", 2.0)
     assert "first_positive" in _kernel_calls(out, "loops")  # a return inside a loop
     assert "keyword" in _kernel_calls(out, "keywords")
     assert "sqrt" in _kernel_calls(out, "shadow")  # sqrt's global `math` is a local of this kernel

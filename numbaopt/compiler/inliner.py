@@ -1,25 +1,28 @@
 """Inline the rules' functions into a generated module's kernels at the source level.
 
-A generated module defines every member's ``step``/``reduce``/``prepare``/``finish`` and the prelude's helpers
-(``sqrt``, ``abs2``, ...) as ``@njit(inline="always")`` functions, and its kernels call them. Numba inlines such
-a call by copying the callee's IR into the caller once per call site (``inline_closurecall``: the callee's untyped
-passes again, a deep copy of its IR): a third of the compile time of a small chain's fused kernel. This module
-writes the calls out instead, before Numba sees the module, so that a kernel is one function of plain
-statements:
+A generated module (CPU or CUDA) defines every member's ``step``/``reduce``/``prepare``/``finish`` and the
+prelude's helpers (``sqrt``, ``abs2``, ...) as ``@njit(inline="always")`` functions (CUDA: device functions), and
+its kernels call them. Numba inlines such a call by running the callee's untyped passes again and deep-copying
+its IR, once per call site (``inline_closurecall``): 22% of a cold ``chain(ClipGlobalNorm, AdamW)`` step under the
+profiler. This module writes the calls out instead, before Numba sees the module, so that a kernel is one
+function of plain statements:
 
 * ``T = f(a, b)`` becomes ``f``'s body with its locals renamed (``_k{n}_name``), its parameters bound to the
-  arguments (a name or a constant is substituted; anything else, or a parameter the body assigns, is copied into
-  a local first) and each ``return v`` an assignment ``T = v`` ending its path (the statements after an ``if``
-  that returns on some path are written into both branches);
+  arguments and each ``return v`` an assignment ``T = v`` ending its path (the statements after an ``if`` that
+  returns on some path are written into both branches). A name or a constant argument is substituted; any other
+  is written where the body reads it when the body reads it once and has no loop, not at all when the body does
+  not read it, and otherwise copied into a local first (as is every parameter the body assigns);
 * a call inside an expression to a function whose body is one ``return expr`` (``sqrt``, ``abs2``, ...) becomes
   that expression when each argument is a name or a constant or its parameter is used once;
 * ``if``/``... if ... else ...`` tests that the substituted constants decide (a member's options, written into
-  the call as literals) keep only the branch taken, as Numba's own dead-branch pruning would.
+  the call as literals) keep only the branch taken, as Numba's own dead-branch pruning would, the constants
+  compared as Numba compares them (``p == _R(0.1)`` with ``p = 0.1`` is False where ``_R`` is float32).
 
-The arithmetic and its order are the callee's, so the kernels compute the same bits. A call this cannot write
-out (a ``return`` inside a loop, a path without one, keyword or starred arguments, a nested scope, a name that
-would collide with the kernel's) stays a call, and Numba inlines it as before. Measured with
-``benchmarks/first_step.py`` (docs/performance.md).
+The arithmetic and its order are the callee's, so the kernels compute the same bits (the arguments are pure
+expressions: loads, casts and arithmetic). A call this cannot write out (a ``return`` inside a loop, a path without
+one, keyword or starred arguments, a nested scope, a name that would collide with the kernel's, a statement that
+shares its line with another) stays a call, and Numba inlines it as before. Measured in docs/performance.md
+("Third round: the rules' calls written out").
 """
 from __future__ import annotations
 
@@ -86,7 +89,15 @@ class _Callee:
 
 
 def _const_value(node, real):
-    """The value of ``node`` when constants decide it (else ``_UNKNOWN``); ``real``: the module's ``_R``."""
+    """The value of ``node`` when constants decide it (else ``_UNKNOWN``, also where Python would raise, say
+    ``"a" < 1.0``: Numba would refuse such code, and the call is left as it is); ``real``: the module's ``_R``."""
+    try:
+        return _evaluate(node, real)
+    except (TypeError, ValueError, OverflowError):
+        return _UNKNOWN
+
+
+def _evaluate(node, real):
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name) and node.id == "INF":
@@ -364,17 +375,21 @@ def _targets(s) -> list:
             if isinstance(n, ast.Name)]
 
 
-def _scan(stmts, calls, lines, found, stored):
+def _scan(stmts, calls, lines, found, stored, header):
     """The simple statements of a kernel whose text calls a callee (``calls``: a regular expression) into
     ``found``, the names the kernel assigns into ``stored``; compound statements are entered, their headers
-    left as they are."""
-    for s in stmts:
+    left as they are. A statement that shares a line with another (``if c: y = f(x)``, ``a = f(x); b = 1``;
+    ``header``: the line of the enclosing statement's header) is left as it is: the rewrite replaces lines."""
+    last = header
+    for k, s in enumerate(stmts):
         stored.update(_targets(s))
         if isinstance(s, (ast.If, ast.For, ast.While)):
-            _scan(s.body, calls, lines, found, stored)
-            _scan(s.orelse, calls, lines, found, stored)
-        elif calls.search("\n".join(lines[s.lineno - 1:s.end_lineno])):
+            _scan(s.body, calls, lines, found, stored, s.lineno)
+            _scan(s.orelse, calls, lines, found, stored, s.lineno)
+        elif s.lineno != last and (k + 1 == len(stmts) or stmts[k + 1].lineno != s.end_lineno) \
+                and calls.search("\n".join(lines[s.lineno - 1:s.end_lineno])):
             found.append(s)
+        last = s.end_lineno
 
 
 def inline_module(text: str, real_dtype) -> str:
@@ -400,7 +415,7 @@ def inline_module(text: str, real_dtype) -> str:
     calls = re.compile(r"\b(?:" + "|".join(sorted(callees)) + r")\(")
     for fn in kernels:
         found, stored = [], {a.arg for a in fn.args.args}
-        _scan(fn.body, calls, lines, found, stored)
+        _scan(fn.body, calls, lines, found, stored, fn.lineno)
         inliner = _Inliner(callees, real, stored, counter)
         edits += [(s.lineno, s.end_lineno, s.col_offset, inliner.statement(s)) for s in found]
     for lo, hi, col, new in sorted(edits, key=lambda e: e[0], reverse=True):
