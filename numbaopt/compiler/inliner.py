@@ -34,7 +34,7 @@ import re
 
 import numpy as np
 
-__all__ = ["inline_module", "finish_source", "NotInlinable", "STAMP"]
+__all__ = ["inline_module", "finish_source", "STAMP"]
 
 #: how many times more statements than the callee's body an inlined copy may have (branches that each receive the
 #: statements after them) before the call is left to Numba
@@ -48,7 +48,7 @@ _SCOPES = (ast.Lambda, ast.FunctionDef, ast.ClassDef, ast.ListComp, ast.SetComp,
            ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.Await, ast.Try, ast.With)
 
 
-class NotInlinable(Exception):
+class _NotInlinable(Exception):
     """The call stays a call (Numba inlines it)."""
 
 
@@ -67,19 +67,17 @@ def _stored(fn) -> set:
 
 
 class _Callee:
-    """An inlinable function of the module: its definition, parameters, locals and free (global) names."""
+    """An inlinable function of the module: its parameters, locals, free (global) names and body."""
 
     def __init__(self, fn: ast.FunctionDef):
-        self.fn = fn
         a = fn.args
         if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults:
-            raise NotInlinable(fn.name)
+            raise _NotInlinable(fn.name)
         if any(isinstance(n, _SCOPES) for n in ast.walk(ast.Module(body=fn.body, type_ignores=[]))):
-            raise NotInlinable(fn.name)
+            raise _NotInlinable(fn.name)
         self.params = [p.arg for p in a.args]
         self.assigned = _stored(fn)
-        self.locals = self.assigned | set(self.params)
-        self.free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - self.locals
+        self.free = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)} - self.assigned - set(self.params)
         body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         self.body = body
         self.expr = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value else None
@@ -111,8 +109,9 @@ def _evaluate(node, real):
         return _UNKNOWN if v is _UNKNOWN else _UNARY[type(node.op)](v)
     if isinstance(node, ast.Compare):
         return _compare(node, real)
-    if isinstance(node, ast.BoolOp):
-        return _boolop(node, real)
+    if isinstance(node, ast.BoolOp):  # as a truth value
+        t = _test(node, real)
+        return t.value if isinstance(t, ast.Constant) else _UNKNOWN
     return _UNKNOWN
 
 
@@ -126,18 +125,6 @@ def _compare(node, real):
             return False
         left = right
     return True
-
-
-def _boolop(node, real):
-    """``and``/``or`` as a truth value: decided by constants in order, up to the first unknown operand."""
-    stop = isinstance(node.op, ast.Or)  # the truth value that decides
-    for v in node.values:
-        c = _const_value(v, real)
-        if c is _UNKNOWN:
-            return _UNKNOWN
-        if bool(c) == stop:
-            return stop
-    return not stop
 
 
 def _clone(node, mapping: dict):
@@ -243,16 +230,16 @@ def _single_exit(stmts, target) -> list:
         rest = stmts[k + 1:]
         if isinstance(s, ast.Return):
             if s.value is None:
-                raise NotInlinable("a bare return")
+                raise _NotInlinable("a bare return")
             return out + _assign(target, s.value)
         if isinstance(s, ast.If) and _has_return([s]):
             body = _single_exit(s.body + rest, target)
             orelse = _single_exit(s.orelse + rest, target)
             return out + [ast.If(s.test, body or [ast.Pass()], orelse)]
         if _has_return([s]):
-            raise NotInlinable("a return inside a loop")
+            raise _NotInlinable("a return inside a loop")
         out.append(s)
-    raise NotInlinable("a path without a return")
+    raise _NotInlinable("a path without a return")
 
 
 class _Inliner:
@@ -295,7 +282,7 @@ class _Inliner:
         if c is not None:
             try:
                 return self.statements(self.write_out(c, s.value.args, s.targets[0]))
-            except NotInlinable:
+            except _NotInlinable:
                 s.value.args = [_Expressions(self).visit(a) for a in s.value.args]
                 return [s]
         s.value = _Expressions(self).visit(s.value)
@@ -333,7 +320,7 @@ class _Inliner:
             body = [_clone(s, moved) for s in body]
         out = lead + _single_exit(body, target)
         if _count(out) > _GROWTH * c.size:
-            raise NotInlinable("grows too much")
+            raise _NotInlinable("grows too much")
         return out
 
 
@@ -358,12 +345,11 @@ class _Expressions(ast.NodeTransformer):
 
 
 def _fold_statements(stmts, real) -> list:
+    """``stmts`` with the constant tests decided (a decided ``if`` is replaced by its branch, already folded)."""
     out = []
     for s in stmts:
         r = _Fold(real).visit(s)
-        if r is None:
-            continue
-        out += _fold_statements(r, real) if isinstance(r, list) else [r]
+        out += [] if r is None else r if isinstance(r, list) else [r]
     return out
 
 
@@ -406,7 +392,7 @@ def inline_module(text: str, real_dtype) -> str:
         if any(_is_inline_decorator(d) for d in node.decorator_list) and node.name != "step_inline":
             try:
                 callees[node.name] = _Callee(node)
-            except NotInlinable:
+            except _NotInlinable:
                 pass
         else:
             kernels.append(node)
